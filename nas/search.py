@@ -1,0 +1,419 @@
+"""The AutoML search: architecture search (Bayesian or random) interleaved with TPE tuning.
+
+Trial kinds and the interleaving policy:
+
+* ``seed`` -- the very first ask: the seed architecture with the default hyperparameters.
+* ``arch`` -- a new architecture: a child of a *completed* architecture, reached by 1 to
+  ``max_morphs_per_child`` morphs, inheriting the weights of that architecture's best trial
+  and training with that trial's hyperparameters (its kernel size is the kernel of new
+  layers). Children are never architectures already trained or pending.
+* ``tune`` -- a share ``retune_fraction`` of the asks (spread evenly: ask ``n`` is a tune when
+  ``floor(fraction * n)`` exceeds the tunes so far) re-tunes a good lineage: TPE samples fresh
+  hyperparameters and the trial repeats that lineage's root trial -- same parent, same morphs
+  (with the sampled kernel size in its ``deeper`` morphs), same inherited weights -- so the
+  hyperparameter effect is measured from a fixed starting point. TPE is told the accuracy
+  *gain over the root trial*; results that finish before their root are held until it does.
+  The lineage re-tuned is, among the three with the best accuracy, the one re-tuned least.
+
+Start-up: until some trial has completed nothing can be inherited, so every ask gets work
+that needs no weights -- random morph children of the seed trained from scratch
+(``inherit=None``) and tune trials of the seed, in the same proportion as later.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from nas.bayesian import BayesianMorphSearch
+from nas.errors import NasError
+from nas.graph import Graph
+from nas.hpo import HyperparameterSpace, HyperparameterTuner, normalise_hparams
+from nas.limits import Limits
+from nas.morph import Morph, apply_morph
+from nas.proposer import HPARAM_KEYS, Proposer, TrialProposal
+from nas.random_search import (
+    ArchitectureStatus,
+    ArchitectureStrategy,
+    Origin,
+    Origins,
+    RandomMorphSearch,
+    grow,
+)
+
+STRATEGIES = ("bayesian", "random")
+TUNE_CANDIDATES = 3  # lineages considered for re-tuning: the best three
+TUNE_RESAMPLES = 3  # TPE samples tried when a sampled kernel makes the graph exceed the limits
+STARTUP_ATTEMPTS = 32
+DEFAULT_HPARAMS = {
+    "learning_rate": 0.05,
+    "batch_size": 128,
+    "weight_decay": 5e-4,
+    "dropout": 0.0,
+    "kernel_size": 3,
+    "epochs": 3,
+}
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """How the search proposes trials (built by the engine from the ``search``/``hpo``/``train`` config)."""
+
+    strategy: str = "bayesian"
+    seed: int = 0
+    ucb_beta: float = 2.0
+    retune_fraction: float = 0.25
+    max_morphs_per_child: int = 2
+    gp_window: int = 256
+    candidates: int = 64
+    default_hparams: Mapping[str, Any] = field(default_factory=lambda: dict(DEFAULT_HPARAMS))
+    hparam_space: HyperparameterSpace = field(default_factory=HyperparameterSpace)
+    landmarks: int = 32
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise NasError(f"search strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
+        if not 0.0 <= self.retune_fraction <= 1.0:
+            raise NasError(f"retune_fraction must be in [0, 1], got {self.retune_fraction}")
+        if not (math.isfinite(self.ucb_beta) and self.ucb_beta >= 0):
+            raise NasError(f"ucb_beta must be a non-negative number, got {self.ucb_beta}")
+        for name, low in (("max_morphs_per_child", 1), ("gp_window", 8), ("candidates", 1), ("landmarks", 2)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise NasError(f"{name} must be an integer >= {low}, got {value!r}")
+        if not isinstance(self.hparam_space, HyperparameterSpace):
+            raise NasError("hparam_space must be a HyperparameterSpace")
+        object.__setattr__(self, "default_hparams", normalise_hparams(self.default_hparams))
+
+
+@dataclass
+class _Trial:
+    id: str
+    proposal: TrialProposal
+    key: str
+    root: str | None  # lineage root (seed/arch trial this one repeats); itself for seed/arch trials
+    state: str = "pending"  # pending | final | failed
+    value: float | None = None
+    partials: int = 0
+
+    @property
+    def progress(self) -> float:
+        return min(1.0, self.partials / max(1, self.proposal.epochs))
+
+
+@dataclass
+class _Architecture:
+    """What is known of one architecture, kept up to date on every tell instead of rescanning its trials.
+
+    A lineage re-tuned for hours gathers thousands of trials of one architecture; its status
+    must still cost only its running trials.
+    """
+
+    running: list[str] = field(default_factory=list)  # its pending trials, in proposal order
+    best_final: float | None = None  # best final accuracy over its completed trials
+
+
+def _lineage(parent: str | None, morphs: tuple[Morph, ...]) -> tuple:
+    """What a tune trial shares with its root: the parent and the morphs up to deeper kernel sizes."""
+    return parent, tuple((m.kind, m.target, m.source) for m in morphs)
+
+
+def _kernel_of_deeper(graph: Graph, morphs: tuple[Morph, ...], kernel: int) -> tuple[Graph, tuple[Morph, ...]]:
+    """Re-apply ``morphs`` to ``graph`` with ``kernel`` as the kernel of every image ``deeper`` morph."""
+    out = []
+    for m in morphs:
+        if m.kind == "deeper" and len(graph.shape(m.target)) == 3:
+            m = Morph("deeper", m.target, m.source, kernel)
+        graph, _ = apply_morph(graph, m)
+        out.append(m)
+    return graph, tuple(out)
+
+
+class AutoMLSearch(Proposer):
+    """Architecture search plus TPE behind the master's ask/tell interface (see the module docstring)."""
+
+    def __init__(self, settings: SearchSettings, seed_graph: Graph, limits: Limits) -> None:
+        reason = limits.reason(seed_graph)
+        if reason:
+            raise NasError(f"the seed architecture is over the search limits: {reason}")
+        self.settings = settings
+        self.limits = limits
+        self.seed_graph = seed_graph
+        self._rng = np.random.default_rng([settings.seed, 0])
+        self.tuner = HyperparameterTuner(settings.hparam_space, seed=settings.seed)
+        self._fallback = RandomMorphSearch(
+            limits.admits, np.random.default_rng([settings.seed, 1]), settings.max_morphs_per_child
+        )
+        self.strategy: ArchitectureStrategy
+        if settings.strategy == "bayesian":
+            self.strategy = BayesianMorphSearch(
+                seed_graph,
+                limits.admits,
+                np.random.default_rng([settings.seed, 2]),
+                ucb_beta=settings.ucb_beta,
+                max_morphs=settings.max_morphs_per_child,
+                window=settings.gp_window,
+                candidates=settings.candidates,
+                landmarks=settings.landmarks,
+                accept_cheap=limits.admits_structure,
+            )
+        else:
+            self.strategy = self._fallback
+        self._trials: dict[str, _Trial] = {}
+        self._by_key: dict[str, _Architecture] = {}  # architectures with a pending or completed trial
+        self._origins = Origins()  # completed architecture -> what children grow from
+        self._best_trial: dict[str, str] = {}  # completed architecture -> its best trial
+        self._roots: dict[tuple, str] = {}  # lineage -> its seed/arch trial
+        self._done_order: dict[str, int] = {}  # completed root -> how many roots completed before it
+        self._top_roots: list[str] = []  # the TUNE_CANDIDATES completed roots with the best lineages, best first
+        self._lineage_best: dict[str, float] = {}  # root -> best accuracy in its lineage
+        self._tunes_per_root: dict[str, int] = {}
+        self._waiting_tpe: dict[str, list[str]] = {}  # root -> tune trials finished before it
+        self._seed_trial: str | None = None
+        self._asks = 0  # asks after the seed
+        self._tunes = 0
+
+    # --- Proposer -------------------------------------------------------------------------
+    def ask(self, trial_id: str) -> TrialProposal:
+        if trial_id in self._trials:
+            raise NasError(f"trial id {trial_id} was already proposed")
+        if self._seed_trial is None:
+            proposal = TrialProposal(
+                self.seed_graph, "seed", dict(self.settings.default_hparams), info={"reason": "the seed architecture"}
+            )
+        else:
+            self._asks += 1
+            want_tune = math.floor(self.settings.retune_fraction * self._asks) > self._tunes
+            proposal = self._tune(trial_id) if want_tune else None
+            proposal = proposal or self._arch() or self._tune(trial_id)
+            if proposal is None:  # the seed lineage can always be re-tuned, so this is a bug
+                raise NasError("the search found nothing to propose")  # pragma: no cover
+        self._register(trial_id, proposal)
+        return proposal
+
+    def tell(self, trial_id: str, value: float, final: bool) -> None:
+        trial = self._active(trial_id)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+            raise NasError(f"trial {trial_id}: accuracy must be a number in [0, 1], got {value!r}")
+        trial.value = float(value)
+        if not final:
+            trial.partials += 1
+        else:
+            trial.state = "final"
+            arch = self._by_key[trial.key]
+            arch.running.remove(trial_id)
+            arch.best_final = trial.value if arch.best_final is None else max(arch.best_final, trial.value)
+            self._completed(trial)
+        self._update_strategy(trial)
+
+    def forget(self, trial_id: str) -> None:
+        trial = self._active(trial_id)
+        trial.state = "failed"
+        arch = self._by_key[trial.key]
+        arch.running.remove(trial_id)
+        if not arch.running and arch.best_final is None:
+            del self._by_key[trial.key]
+        self.tuner.fail(trial_id)
+        for waiting in self._waiting_tpe.pop(trial_id, []):  # their baseline will never come
+            self.tuner.fail(waiting)
+        self._update_strategy(trial)
+
+    def restore(self, trial_id: str, proposal: TrialProposal, value: float | None, final: bool) -> None:
+        if trial_id in self._trials:
+            raise NasError(f"trial id {trial_id} is restored twice")
+        proposal = replace(proposal, hparams=normalise_hparams(proposal.hparams))
+        if proposal.kind not in ("seed", "arch", "tune"):
+            raise NasError(f"trial {trial_id}: unknown kind {proposal.kind!r}")
+        if proposal.kind != "seed" or self._seed_trial is not None:
+            self._asks += 1
+        self._register(trial_id, proposal)
+        if value is not None:
+            self.tell(trial_id, value, final)
+
+    # --- proposals --------------------------------------------------------------------------
+    def _arch(self) -> TrialProposal | None:
+        """A new architecture: grown from a completed one, or from the seed during start-up."""
+        if not self._origins:
+            return self._startup_child()
+        child = self.strategy.propose(self._origins, self._taken)
+        reason = None
+        if child is None and self.strategy is not self._fallback:
+            reason = f"{self.strategy.name}: {self.strategy.note or 'no candidate'}; random morphs instead"
+            child = self._fallback.propose(self._origins, self._taken)
+        if child is None:
+            return None
+        best_trial = self._best_trial[child.origin.key]
+        info = dict(child.info)
+        if reason:
+            info["reason"] = reason
+        info["origin_accuracy"] = child.origin.value
+        hparams = dict(self._trials[best_trial].proposal.hparams)
+        return TrialProposal(
+            child.graph, "arch", hparams, parent=best_trial, inherit=best_trial, morphs=child.morphs, info=info
+        )
+
+    def _startup_child(self) -> TrialProposal | None:
+        """A random morph child of the seed, trained from scratch (no completed trial to inherit)."""
+        hparams = dict(self.settings.default_hparams)
+        most = self.settings.max_morphs_per_child
+        for attempt in range(STARTUP_ATTEMPTS):
+            # Longer walks only when the short ones keep hitting taken architectures.
+            steps = int(self._rng.integers(1, most + 1)) + attempt // 8
+            grown = grow(self.seed_graph, self._rng, steps, hparams["kernel_size"], self.limits.admits)
+            if grown is not None and not self._taken(grown[0].key()):
+                return TrialProposal(
+                    grown[0],
+                    "arch",
+                    hparams,
+                    parent=self._seed_trial,
+                    inherit=None,
+                    morphs=grown[1],
+                    info={"reason": "start-up: nothing completed to inherit"},
+                )
+        return None
+
+    def _tune_target(self) -> str:
+        """The lineage root to re-tune: of the best three, the one re-tuned least; the seed at start-up."""
+        if not self._top_roots:
+            assert self._seed_trial is not None
+            return self._seed_trial
+        best = self._lineage_best
+        return min(self._top_roots, key=lambda r: (self._tunes_per_root[r], -best[r]))
+
+    def _tune(self, trial_id: str) -> TrialProposal | None:
+        root_id = self._tune_target()
+        root = self._trials[root_id].proposal
+        base = self.seed_graph if root.parent is None else self._trials[root.parent].proposal.graph
+        for _ in range(TUNE_RESAMPLES):
+            hparams = self.tuner.ask(trial_id)
+            try:
+                graph, morphs = _kernel_of_deeper(base, root.morphs, hparams["kernel_size"])
+            except NasError:
+                graph = None
+            if graph is not None and self.limits.admits(graph):
+                return TrialProposal(
+                    graph,
+                    "tune",
+                    hparams,
+                    parent=root.parent,
+                    inherit=root.inherit,
+                    morphs=morphs,
+                    info={"retunes": root_id},
+                )
+            self.tuner.fail(trial_id)
+        return None
+
+    # --- bookkeeping ------------------------------------------------------------------------
+    def _register(self, trial_id: str, proposal: TrialProposal) -> None:
+        key = proposal.graph.key()
+        signature = _lineage(proposal.parent, proposal.morphs)
+        if proposal.kind == "tune":
+            root = self._roots.get(signature)
+            self._tunes += 1
+            if root is not None:
+                self._tunes_per_root[root] = self._tunes_per_root.get(root, 0) + 1
+        else:
+            root = trial_id
+            self._roots.setdefault(signature, trial_id)
+            if proposal.kind == "seed" and self._seed_trial is None:
+                self._seed_trial = trial_id
+        trial = self._trials[trial_id] = _Trial(trial_id, proposal, key, root)
+        self._by_key.setdefault(key, _Architecture()).running.append(trial_id)
+        self._update_strategy(trial)
+
+    def _completed(self, trial: _Trial) -> None:
+        assert trial.value is not None
+        if trial.proposal.kind != "tune":
+            self._done_order[trial.id] = len(self._done_order)
+            self._tunes_per_root.setdefault(trial.id, 0)
+            for waiting in self._waiting_tpe.pop(trial.id, []):
+                self._report_tune(self._trials[waiting])
+        else:
+            self._report_tune(trial)
+        if trial.root is not None:
+            self._lineage_best[trial.root] = max(self._lineage_best.get(trial.root, 0.0), trial.value)
+            self._rank_root(trial.root)
+        current = self._origins.get(trial.key)
+        if current is None or trial.value > current.value:
+            kernel = trial.proposal.hparams["kernel_size"]
+            self._origins.put(Origin(trial.key, trial.proposal.graph, trial.value, kernel))
+            self._best_trial[trial.key] = trial.id
+
+    def _rank_root(self, root: str) -> None:
+        """Keep ``_top_roots`` the best completed lineages (ties: the earlier completed) after ``root`` changed.
+
+        A lineage's best accuracy only ever rises, so a root outside the top can only enter it
+        when its own lineage improves: re-ranking that one root keeps the top exact.
+        """
+        if root not in self._done_order:
+            return
+        top = [r for r in self._top_roots if r != root] + [root]
+        top.sort(key=lambda r: (-self._lineage_best[r], self._done_order[r]))
+        self._top_roots = top[:TUNE_CANDIDATES]
+
+    def _report_tune(self, trial: _Trial) -> None:
+        """Tell TPE a finished tune trial's gain over its lineage root (or hold it until the root ends)."""
+        root = self._trials.get(trial.root) if trial.root is not None else None
+        if root is not None and root.state == "pending":
+            self._waiting_tpe.setdefault(root.id, []).append(trial.id)
+            return
+        if root is None or root.state != "final":
+            self.tuner.fail(trial.id)  # no baseline to measure the gain against
+            return
+        gain = float(trial.value) - float(root.value)
+        if self.tuner.is_running(trial.id):
+            self.tuner.tell(trial.id, gain)
+        else:  # restored from the ledger
+            self.tuner.add_completed(trial.proposal.hparams, gain)
+
+    def _active(self, trial_id: str) -> _Trial:
+        trial = self._trials.get(trial_id)
+        if trial is None:
+            raise NasError(f"unknown trial {trial_id}")
+        if trial.state != "pending":
+            raise NasError(f"trial {trial_id} has already ended ({trial.state})")
+        return trial
+
+    def _taken(self, key: str) -> bool:
+        return key in self._by_key
+
+    def _status(self, key: str) -> ArchitectureStatus | None:
+        """Best final accuracy; else the running trial furthest along; else pending; None when unknown."""
+        arch = self._by_key.get(key)
+        if arch is None:
+            return None
+        if arch.best_final is not None:
+            return ArchitectureStatus("final", arch.best_final)
+        partial = [self._trials[t] for t in arch.running if self._trials[t].value is not None]
+        if partial:
+            lead = max(partial, key=lambda t: (t.progress, t.value))
+            return ArchitectureStatus("partial", lead.value, lead.progress)
+        return ArchitectureStatus("pending")
+
+    def _update_strategy(self, trial: _Trial) -> None:
+        self.strategy.observe(trial.key, trial.proposal.graph, self._status(trial.key))
+
+    # --- introspection ------------------------------------------------------------------------
+    @property
+    def pending(self) -> list[str]:
+        return [t.id for t in self._trials.values() if t.state == "pending"]
+
+    def best(self) -> tuple[str, float] | None:
+        """The completed trial with the best accuracy, or None."""
+        done = [t for t in self._trials.values() if t.state == "final"]
+        if not done:
+            return None
+        top = max(done, key=lambda t: t.value)
+        return top.id, float(top.value)
+
+
+def make_proposer(settings: SearchSettings, seed_graph: Graph, limits: Limits) -> Proposer:
+    """The search the master runs, configured by ``settings``."""
+    return AutoMLSearch(settings, seed_graph, limits)
+
+
+__all__ = ["HPARAM_KEYS", "AutoMLSearch", "SearchSettings", "make_proposer"]
