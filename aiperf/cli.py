@@ -1,0 +1,215 @@
+"""The ``aiperf`` command line.
+
+Every user mistake ends as one line on stderr and exit code 2; an interrupted run exits
+130 after writing its summary; an unexpected internal error prints one line too (set
+``AIPERF_DEBUG=1`` for the traceback). Results already written are never touched by an
+error path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from aiperf.errors import AiperfError
+from nas.errors import NasError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad flag as one line (and exit 2) instead of a usage dump."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise AiperfError(f"{self.prog}: {message} (see {self.prog} --help)")
+
+
+def _config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--config",
+        "-c",
+        default=None,
+        help="config file or built-in name (default, smoke, imagenet, fashion_mnist, synthetic)",
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config field, e.g. --set run.time_budget_s=600 (repeatable)",
+    )
+    p.add_argument("--address", default=None, help="Ray cluster to join (default: RAY_ADDRESS, else start locally)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="aiperf",
+        description="AutoML benchmark for AI supercomputers: counted OPS of a "
+        "network-morphism architecture search on Ray.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    run = sub.add_parser("run", help="run the benchmark (default config: MNIST digits, ~5 minutes)")
+    _config_args(run)
+    run.add_argument("--resume", metavar="RUN_DIR", help="continue a run whose master stopped, from its ledger")
+
+    plan = sub.add_parser("plan", help="print how the run would be sized on the current cluster, run nothing")
+    _config_args(plan)
+
+    flops = sub.add_parser("flops", help="per-layer FLOPs of an architecture JSON or a saved Keras model")
+    flops.add_argument("file")
+    flops.add_argument("--json", action="store_true", help="machine-readable output")
+    flops.add_argument("--batch-size", type=int, default=128, help="batch size for the amortised optimizer update")
+
+    summary = sub.add_parser("summary", help="recompute and print a run's summary from its ledger")
+    summary.add_argument("run_dir")
+
+    verify = sub.add_parser("verify", help="check a run: hash chain, FLOPs, score and validity rules")
+    verify.add_argument("run_dir")
+
+    report = sub.add_parser("report", help="write a self-contained HTML report for a run")
+    report.add_argument("run_dir")
+    report.add_argument("--output", "-o", default=None, help="where to write (default RUN_DIR/report.html)")
+
+    scaling = sub.add_parser("scaling", help="weak-scaling study over node counts")
+    scaling.add_argument("--nodes", required=True, help="comma-separated node counts, e.g. 1,2,4,8")
+    scaling.add_argument("--simulate", action="store_true", help="simulate nodes instead of running on them")
+    _config_args(scaling)
+    scaling.add_argument("--output", "-o", default=None, help="output directory")
+    return parser
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from aiperf.config import load_config
+    from aiperf.run import run_benchmark
+
+    if args.resume:
+        if args.config or args.overrides:
+            raise AiperfError("--resume continues a run with its own recorded config; drop --config/--set")
+        if not Path(args.resume).is_dir():
+            raise AiperfError(f"--resume {args.resume}: no such run directory")
+        _, summary = run_benchmark(None, address=args.address, resume_dir=args.resume)
+    else:
+        cfg = load_config(args.config, args.overrides)
+        _, summary = run_benchmark(cfg, address=args.address)
+    return 130 if summary.get("status") == "interrupted" else 0
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from aiperf.cluster.plan import format_plan, make_plan
+    from aiperf.cluster.ray_session import start_ray
+    from aiperf.cluster.resources import cluster_nodes
+    from aiperf.config import load_config
+
+    cfg = load_config(args.config, args.overrides)
+    session = start_ray(args.address or cfg.cluster.address)
+    try:
+        plan = make_plan(cluster_nodes(probe=True), cfg)
+    finally:
+        session.shutdown()
+    print(format_plan(plan))
+    return 0
+
+
+def _cmd_flops(args: argparse.Namespace) -> int:
+    from aiperf.flops_cli import flops_command
+
+    if args.batch_size < 1:
+        raise AiperfError("--batch-size must be at least 1")
+    print(flops_command(args.file, as_json=args.json, batch_size=args.batch_size))
+    return 0
+
+
+def _run_dir(path: str) -> Path:
+    run_dir = Path(path)
+    if not (run_dir / "ledger.jsonl").is_file():
+        raise AiperfError(f"{path}: not a run directory (no ledger.jsonl)")
+    return run_dir
+
+
+def _cmd_summary(args: argparse.Namespace) -> int:
+    from aiperf.summary import format_summary, write_summary
+
+    run_dir = _run_dir(args.run_dir)
+    print(format_summary(write_summary(run_dir), run_dir))
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from aiperf.verify import verify_run
+
+    ok, message = verify_run(_run_dir(args.run_dir))
+    print(message)
+    return 0 if ok else 1
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from aiperf.report import write_report
+
+    print(write_report(_run_dir(args.run_dir), args.output))
+    return 0
+
+
+def _cmd_scaling(args: argparse.Namespace) -> int:
+    from aiperf.scaling import scaling_command
+
+    try:
+        counts = [int(x) for x in args.nodes.split(",") if x.strip()]
+    except ValueError:
+        raise AiperfError(f"--nodes {args.nodes!r}: expected comma-separated integers such as 1,2,4") from None
+    if not counts or min(counts) < 1:
+        raise AiperfError("--nodes: give at least one positive node count")
+    print(
+        scaling_command(
+            counts,
+            simulate=args.simulate,
+            config=args.config,
+            overrides=args.overrides,
+            address=args.address,
+            output=args.output,
+        )
+    )
+    return 0
+
+
+COMMANDS = {
+    "run": _cmd_run,
+    "plan": _cmd_plan,
+    "flops": _cmd_flops,
+    "summary": _cmd_summary,
+    "verify": _cmd_verify,
+    "report": _cmd_report,
+    "scaling": _cmd_scaling,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return COMMANDS[args.command](args)
+    except AiperfError as exc:
+        print(f"aiperf: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except NasError as exc:
+        print(f"aiperf: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("aiperf: interrupted", file=sys.stderr)
+        return 130
+    except SystemExit as exc:
+        return int(exc.code) if isinstance(exc.code, int) else 2
+    except Exception as exc:
+        if os.environ.get("AIPERF_DEBUG"):
+            raise
+        print(
+            f"aiperf: unexpected error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} "
+            "(set AIPERF_DEBUG=1 for details)",
+            file=sys.stderr,
+        )
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Running trials on a Ray cluster: session, discovery, sizing, workers and the pool."""

@@ -1,0 +1,401 @@
+"""The worker pool: how the master runs trials, independent of what runs them.
+
+The master only sees :class:`WorkerPool`: which workers can take another trial, submit a
+trial to one, and wait for events (a trial started, an epoch completed, a trial finished
+or failed, a worker joined or was lost). :class:`RayWorkerPool` implements it with Ray
+actors and streaming generators; tests and the scale simulator implement it in-process.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import itertools
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiperf.cluster.plan import Plan, Slot, make_plan
+
+EVENT_KINDS = ("ready", "start", "epoch", "done", "failed", "lost")
+
+
+@dataclass
+class PoolEvent:
+    """Something that happened on a worker; ``data`` is the worker's record for it."""
+
+    kind: str
+    worker: str
+    trial: str | None = None
+    attempt: int = 0
+    data: dict[str, Any] = field(default_factory=dict)
+    error: str = ""
+    started: bool = False  # for failed/lost: whether the trial had begun on the worker
+    worker_lost: bool = False  # failed because the worker (process or node) is gone, not the trial's fault
+
+
+class WorkerPool(ABC):
+    """Something that runs trials on workers and reports what happens."""
+
+    @abstractmethod
+    def sync(self) -> list[PoolEvent]:
+        """Reconcile workers with the cluster (new nodes get workers); returns lost-worker events."""
+
+    @abstractmethod
+    def free_workers(self) -> list[str]:
+        """Workers that can take another trial now (their queue is below the depth), least loaded first."""
+
+    @abstractmethod
+    def submit(
+        self,
+        worker: str,
+        trial: str,
+        attempt: int,
+        spec: dict[str, Any],
+        parent_weights: Any = None,
+        resume_weights: Any = None,
+    ) -> None:
+        """Queue a trial on ``worker``; it starts as soon as the worker finishes what it has."""
+
+    @abstractmethod
+    def wait(self, timeout: float) -> list[PoolEvent]:
+        """Block up to ``timeout`` seconds for events; return all that are ready."""
+
+    @abstractmethod
+    def worker_info(self, worker: str) -> dict[str, Any]:
+        """What the worker said about itself (node, device, precision); empty until ready."""
+
+    @abstractmethod
+    def retire_all(self) -> dict[str, dict[str, Any]]:
+        """Stop all work and return each reachable worker's final stats."""
+
+    def put(self, value: Any) -> Any:
+        """Hand a large value (weights) to the pool once so several submissions can share it."""
+        return value
+
+    @property
+    @abstractmethod
+    def plan(self) -> Plan:
+        """The current sizing."""
+
+
+class FreeWorkers:
+    """The workers that can take another trial, kept in order as their queues change.
+
+    The master lists free workers on every loop iteration; sorting all workers each time
+    costs ``O(workers log workers)`` per iteration at thousands of workers. Instead a pool
+    calls :meth:`update` whenever a worker's queue (or readiness) changes, with the worker's
+    *group* -- a sortable tuple such as ``(queue length,)``, or None when it is not free --
+    and each group keeps its workers sorted by id.
+    """
+
+    def __init__(self) -> None:
+        self._group_of: dict[str, tuple] = {}
+        self._groups: dict[tuple, list[str]] = {}
+
+    def update(self, worker: str, group: tuple | None) -> None:
+        old = self._group_of.get(worker)
+        if old == group:
+            return
+        if old is not None:
+            members = self._groups[old]
+            del members[bisect.bisect_left(members, worker)]
+            if not members:
+                del self._groups[old]
+            del self._group_of[worker]
+        if group is not None:
+            bisect.insort(self._groups.setdefault(group, []), worker)
+            self._group_of[worker] = group
+
+    def ordered(self) -> list[str]:
+        """Free workers, group by group in ascending order, by id within a group (a fresh list)."""
+        out: list[str] = []
+        for group in sorted(self._groups):
+            out.extend(self._groups[group])
+        return out
+
+
+@dataclass
+class _Task:
+    trial: str
+    attempt: int
+    worker: str
+    gen: Any
+    started: bool = False
+
+
+@dataclass
+class _Worker:
+    worker_id: str
+    slot: Slot
+    actor: Any
+    info_ref: Any
+    info: dict[str, Any] = field(default_factory=dict)
+    tasks: list[_Task] = field(default_factory=list)
+    alive: bool = True
+
+
+class RayWorkerPool(WorkerPool):
+    """Workers are Ray actors placed by the plan; trials stream their epochs back as generators."""
+
+    def __init__(self, cfg: Any, dataset: Any, nodes: list[Any], resync_s: float = 10.0) -> None:
+        import ray
+
+        from aiperf.cluster.worker import TrialWorker
+
+        self._ray = ray
+        self._cfg = cfg
+        self._dataset_ref = ray.put(dataset)
+        self._actor_cls = ray.remote(max_restarts=0)(TrialWorker)
+        self._workers: dict[str, _Worker] = {}
+        self._ids = itertools.count()
+        self._resync_s = resync_s
+        self._last_sync = 0.0
+        self._plan = make_plan(nodes, cfg)
+        self._pending_events: list[PoolEvent] = []
+        self._free = FreeWorkers()
+        self._start_workers(self._plan.slots)
+
+    @property
+    def plan(self) -> Plan:
+        return self._plan
+
+    def _start_workers(self, slots: list[Slot]) -> None:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        cfg = self._cfg
+        train = {
+            "bn_momentum": cfg.model.bn_momentum,
+            "momentum": cfg.train.momentum,
+            "eval_batch_size": cfg.train.eval_batch_size,
+            "max_batch_size": cfg.train.max_batch_size,
+        }
+        for slot in slots:
+            worker_id = f"w{next(self._ids):04d}"
+            threads = max(1, round(slot.cpus))
+            actor = self._actor_cls.options(
+                num_cpus=slot.cpus,
+                num_gpus=slot.gpus,
+                name=None,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(slot.node_id, soft=False),
+            ).remote(
+                worker_id,
+                self._dataset_ref,
+                cfg.model.backend,
+                cfg.model.precision,
+                cfg.model.jit_compile,
+                threads,
+                train,
+                int(slot.gpus) if slot.gpus >= 2 else 1,
+            )
+            self._workers[worker_id] = _Worker(worker_id, slot, actor, actor.info.remote())
+            self._refresh_free(self._workers[worker_id])
+
+    def sync(self) -> list[PoolEvent]:
+        """Start workers for capacity that appeared (new nodes, replaced processes)."""
+        now = time.monotonic()
+        if now - self._last_sync < self._resync_s:
+            return []
+        self._last_sync = now
+        from aiperf.cluster.resources import cluster_nodes
+
+        try:
+            nodes = cluster_nodes(probe=False)  # counts only: a probe would block this loop on a dying node
+        except Exception:
+            return []
+        plan = make_plan(nodes, self._cfg)
+        alive_nodes = {n.node_id for n in nodes}
+        events = []
+        for w in self._workers.values():
+            if w.alive and w.slot.node_id not in alive_nodes:
+                events.extend(self._lose(w, "its node left the cluster"))
+        have: dict[tuple[str, int], bool] = {
+            (w.slot.node_id, w.slot.index): True for w in self._workers.values() if w.alive
+        }
+        missing = _fitting(
+            [s for s in plan.slots if (s.node_id, s.index) not in have],
+            [w.slot for w in self._workers.values() if w.alive],
+            nodes,
+        )
+        cap = self._cfg.cluster.max_concurrent_trials
+        if cap is not None:
+            room = cap - sum(1 for w in self._workers.values() if w.alive)
+            missing = missing[: max(0, room)]
+        self._plan = plan
+        if missing:
+            self._start_workers(missing)
+        return events
+
+    def free_workers(self) -> list[str]:
+        return self._free.ordered()
+
+    def _refresh_free(self, w: _Worker) -> None:
+        """Re-file ``w`` after its queue, readiness or liveness changed: ready workers first, then the least loaded."""
+        free = w.alive and len(w.tasks) < self._cfg.cluster.queue_depth
+        self._free.update(w.worker_id, (not w.info, len(w.tasks)) if free else None)
+
+    def put(self, value: Any) -> Any:
+        return self._ray.put(value) if value is not None else None
+
+    def submit(
+        self,
+        worker: str,
+        trial: str,
+        attempt: int,
+        spec: dict[str, Any],
+        parent_weights: Any = None,
+        resume_weights: Any = None,
+    ) -> None:
+        w = self._workers[worker]
+        gen = w.actor.run_trial.remote(spec, parent_weights, resume_weights)
+        w.tasks.append(_Task(trial, attempt, worker, gen))
+        self._refresh_free(w)
+
+    def worker_info(self, worker: str) -> dict[str, Any]:
+        return self._workers[worker].info
+
+    def _lose(self, w: _Worker, why: str) -> list[PoolEvent]:
+        w.alive = False
+        events = [
+            PoolEvent("failed", w.worker_id, t.trial, t.attempt, error=why, started=t.started, worker_lost=True)
+            for t in w.tasks
+        ]
+        w.tasks.clear()
+        self._refresh_free(w)
+        events.append(PoolEvent("lost", w.worker_id, error=why, worker_lost=True))
+        with contextlib.suppress(Exception):
+            self._ray.kill(w.actor, no_restart=True)
+        return events
+
+    def wait(self, timeout: float) -> list[PoolEvent]:
+        ray = self._ray
+        events, self._pending_events = self._pending_events, []
+        waitables: list[Any] = []
+        owner: dict[Any, tuple[_Worker, _Task | None]] = {}
+        for w in self._workers.values():
+            if not w.alive:
+                continue
+            if not w.info:
+                waitables.append(w.info_ref)
+                owner[w.info_ref] = (w, None)
+            if w.tasks:  # only the running (first) task can produce output
+                gen = w.tasks[0].gen
+                waitables.append(gen)
+                owner[gen] = (w, w.tasks[0])
+        if not waitables:
+            time.sleep(min(timeout, 0.05)) if not events else None
+            return events
+        ready, _ = ray.wait(waitables, num_returns=1, timeout=0 if events else timeout)
+        if ready:  # collect everything else that is ready too, without blocking
+            more, _ = ray.wait(waitables, num_returns=len(waitables), timeout=0)
+            ready = list(dict.fromkeys([*ready, *more]))
+        for item in ready:
+            w, task = owner[item]
+            if not w.alive:
+                continue
+            if task is None:
+                try:
+                    w.info = ray.get(item)
+                    self._refresh_free(w)
+                    events.append(PoolEvent("ready", w.worker_id, data=w.info))
+                except Exception as exc:
+                    events.extend(self._lose(w, f"worker failed to start: {_first_line(exc)}"))
+                continue
+            events.extend(self._drain(w, task))
+        return events
+
+    def _drain(self, w: _Worker, task: _Task) -> list[PoolEvent]:
+        """Take every ready item from a task's generator."""
+        ray = self._ray
+        events = []
+        while True:
+            ready, _ = ray.wait([task.gen], timeout=0)
+            if not ready:
+                break
+            try:
+                ref = next(task.gen)
+            except StopIteration:
+                w.tasks.remove(task)
+                self._refresh_free(w)
+                break
+            try:
+                item = ray.get(ref)
+            except Exception as exc:
+                from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+
+                if isinstance(exc, (ActorDiedError, RayActorError, ActorUnavailableError)):
+                    events.extend(self._lose(w, f"worker died: {_first_line(exc)}"))
+                else:
+                    w.tasks.remove(task)
+                    self._refresh_free(w)
+                    events.append(
+                        PoolEvent(
+                            "failed",
+                            w.worker_id,
+                            task.trial,
+                            task.attempt,
+                            error=_first_line(exc),
+                            started=task.started,
+                        )
+                    )
+                break
+            kind = item.get("type")
+            if kind == "start":
+                task.started = True
+            events.append(PoolEvent(kind, w.worker_id, task.trial, task.attempt, data=item, started=task.started))
+            if kind == "done":
+                w.tasks.remove(task)
+                self._refresh_free(w)
+                break
+        return events
+
+    def retire_all(self) -> dict[str, dict[str, Any]]:
+        ray = self._ray
+        stats: dict[str, dict[str, Any]] = {}
+        alive = [w for w in self._workers.values() if w.alive]
+        refs = {w.worker_id: w.actor.stats.remote() for w in alive if not w.tasks}
+        if refs:
+            ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=5)
+            for wid, ref in refs.items():
+                if ref in ready:
+                    with contextlib.suppress(Exception):
+                        stats[wid] = ray.get(ref)
+        for w in alive:
+            w.alive = False
+            self._refresh_free(w)
+            with contextlib.suppress(Exception):
+                ray.kill(w.actor, no_restart=True)
+        return stats
+
+
+def _fitting(wanted: list[Slot], held: list[Slot], nodes: list[Any]) -> list[Slot]:
+    """The wanted slots that fit next to the workers already holding resources on each node.
+
+    A re-plan can reshape a node's slots (e.g. oversubscribe the survivors when a node
+    dies); a worker for a slot that does not fit would wait forever for resources its
+    siblings hold, and trials queued on it would never start.
+    """
+    room = {n.node_id: [n.cpus, n.gpus] for n in nodes}
+    for s in held:
+        if s.node_id in room:
+            room[s.node_id][0] -= s.cpus
+            room[s.node_id][1] -= s.gpus
+    out = []
+    for s in wanted:
+        free = room.get(s.node_id)
+        if free is not None and s.cpus <= free[0] + 1e-9 and s.gpus <= free[1] + 1e-9:
+            free[0] -= s.cpus
+            free[1] -= s.gpus
+            out.append(s)
+    return out
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    # Ray wraps remote tracebacks; the last non-empty line names the original error.
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if not ln.startswith(("File ", "^", "~")) and ":" in ln:
+            return ln[:300]
+    return (lines[0] if lines else type(exc).__name__)[:300]

@@ -1,0 +1,123 @@
+"""What the cluster has, node by node: CPUs, accelerators and memory.
+
+Ray's resource view gives what Ray will *schedule* (CPU and GPU counts); a tiny probe task
+pinned to each node adds what only the node itself knows: accelerator model and memory
+from nvidia-smi (none without a driver: a CPU-only node), CPU model and host memory. The
+plan sizes concurrency from Ray's counts — a worker can only get what Ray schedules — and
+uses the probe to size batches and to warn about accelerators Ray does not schedule.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import socket
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+ACCELERATOR_TYPE_PREFIX = "accelerator_type:"  # Ray's per-node resource naming the GPU model
+
+
+@dataclass
+class NodeInfo:
+    """One alive node of the cluster."""
+
+    node_id: str
+    address: str
+    cpus: float  # CPUs Ray schedules on this node
+    gpus: float  # GPUs Ray schedules on this node
+    memory_bytes: int  # host memory (the node's total when probed, else Ray's schedulable memory)
+    hostname: str = ""
+    cpu_model: str = ""
+    accelerators: list[dict[str, Any]] = field(default_factory=list)  # nvidia-smi rows, all the node has
+    resources: dict[str, float] = field(default_factory=dict)
+    is_head: bool = False
+
+    @property
+    def gpu_memory_bytes(self) -> int:
+        return min((a.get("memory_bytes", 0) for a in self.accelerators), default=0)
+
+    @property
+    def accelerator_name(self) -> str:
+        if self.accelerators:
+            return str(self.accelerators[0]["name"])
+        for key in self.resources:
+            if key.startswith(ACCELERATOR_TYPE_PREFIX):
+                return key[len(ACCELERATOR_TYPE_PREFIX) :]
+        return ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def probe_this_node() -> dict[str, Any]:
+    """Facts only the node itself can tell (runs on the node, as a Ray task or locally)."""
+    import psutil
+
+    from aiperf.backend import _cpu_model, nvidia_gpus
+
+    return {
+        "hostname": socket.gethostname(),
+        "cpu_model": _cpu_model(),
+        "physical_cores": psutil.cpu_count(logical=False) or os.cpu_count() or 1,
+        "memory_bytes": psutil.virtual_memory().total,
+        "accelerators": nvidia_gpus(),
+        "platform": platform.platform(),
+    }
+
+
+def node_from_ray(raw: dict[str, Any]) -> NodeInfo:
+    """A :class:`NodeInfo` from one entry of ``ray.nodes()`` (counts only, before any probe)."""
+    res = raw.get("Resources", {}) or {}
+    return NodeInfo(
+        node_id=raw["NodeID"],
+        address=raw.get("NodeManagerAddress", ""),
+        cpus=float(res.get("CPU", 0)),
+        gpus=float(res.get("GPU", 0)),
+        memory_bytes=int(res.get("memory", 0)),
+        hostname=raw.get("NodeManagerHostname", "") or "",
+        resources={k: float(v) for k, v in res.items() if not k.startswith("node:")},
+        is_head="node:__internal_head__" in res,
+    )
+
+
+def apply_probe(node: NodeInfo, facts: dict[str, Any]) -> None:
+    """Fold a node's own report into what Ray said about it."""
+    node.hostname = facts.get("hostname") or node.hostname
+    node.cpu_model = facts.get("cpu_model", "")
+    node.accelerators = list(facts.get("accelerators") or [])
+    if facts.get("memory_bytes"):
+        node.memory_bytes = int(facts["memory_bytes"])
+
+
+def cluster_nodes(probe: bool = True, timeout_s: float = 60.0) -> list[NodeInfo]:
+    """Alive nodes from Ray, head first; each enriched by an on-node probe when ``probe``.
+
+    A node whose probe does not answer within ``timeout_s`` (busy, or dying) keeps Ray's
+    counts: it is still planned, just without accelerator details.
+    """
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nodes = [node_from_ray(raw) for raw in ray.nodes() if raw.get("Alive")]
+    if probe and nodes:
+        task = ray.remote(num_cpus=0)(probe_this_node)
+        refs = [
+            task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n.node_id, soft=False)).remote()
+            for n in nodes
+        ]
+        ready, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        for ref in pending:
+            with contextlib.suppress(Exception):
+                ray.cancel(ref, force=True)
+        for n, ref in zip(nodes, refs, strict=True):
+            if ref not in ready:
+                continue
+            try:
+                facts = ray.get(ref)
+            except Exception:
+                continue
+            apply_probe(n, facts)
+    nodes.sort(key=lambda n: (not n.is_head, n.node_id))
+    return nodes

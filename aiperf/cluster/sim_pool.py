@@ -1,0 +1,326 @@
+"""An in-process worker pool with simulated time, for testing and scaling the master.
+
+Trials do not train: each takes ``epoch_s`` simulated seconds per epoch and reports an
+accuracy from ``accuracy_fn``. Time is a :class:`HybridClock`: real time spent in the
+master's own code flows into it, while waiting for workers jumps straight to the next
+event. So a simulation of thousands of workers running 10-minute trials finishes in
+seconds, and any time the master spends thinking shows up as workers waiting for it —
+exactly what ``benchmarks/scale_sim.py`` measures.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiperf.cluster.plan import Plan, Slot
+from aiperf.cluster.pool import FreeWorkers, PoolEvent, WorkerPool
+from aiperf.trial import TrialSpec
+
+AccuracyFn = Callable[[TrialSpec, int], float]
+
+
+class HybridClock:
+    """Simulated seconds: real elapsed time plus the jumps the pool makes while the master waits."""
+
+    def __init__(self) -> None:
+        self._real0 = time.perf_counter()
+        self._jumped = 0.0
+
+    def __call__(self) -> float:
+        return time.perf_counter() - self._real0 + self._jumped
+
+    def jump_to(self, t: float) -> None:
+        now = self()
+        if t > now:
+            self._jumped += t - now
+
+
+@dataclass
+class _SimTask:
+    trial: str
+    attempt: int
+    spec: TrialSpec
+    start: float = 0.0
+    epochs_done: int = 0
+    epoch_s: float = 0.0
+
+
+@dataclass
+class _SimWorker:
+    worker_id: str
+    node: str
+    queue: list[_SimTask] = field(default_factory=list)
+    free_at: float = 0.0
+    alive: bool = True
+    busy_s: float = 0.0
+    last_step_end: float | None = None
+    started_at: float = 0.0
+
+
+def default_accuracy(spec: TrialSpec, epoch: int) -> float:
+    """A plausible learning curve that rewards depth a little: deterministic per architecture."""
+    depth = sum(1 for n in spec.graph["nodes"] if n["op"] in ("conv", "dense"))
+    ceiling = min(0.99, 0.90 + 0.004 * depth)
+    return ceiling * (1.0 - 0.5 ** (epoch + spec.start_epoch))
+
+
+class SimulatedWorkerPool(WorkerPool):
+    """``workers`` simulated workers spread over ``nodes`` nodes."""
+
+    def __init__(
+        self,
+        workers: int,
+        clock: HybridClock,
+        *,
+        nodes: int = 1,
+        epoch_s: float = 1.0,
+        startup_s: float = 0.0,
+        queue_depth: int = 2,
+        accuracy_fn: AccuracyFn = default_accuracy,
+        images: tuple[int, int] = (1000, 200),
+        batch_size: int = 64,
+        failure_fn: Callable[[TrialSpec], str | None] | None = None,
+        device_ops_per_s: float | None = None,
+    ) -> None:
+        self.clock = clock
+        self.epoch_s = epoch_s
+        self.device_ops_per_s = device_ops_per_s
+        self.startup_s = startup_s
+        self.queue_depth = queue_depth
+        self.accuracy_fn = accuracy_fn
+        self.images = images
+        self.batch_size = batch_size
+        self.failure_fn = failure_fn
+        self._workers = {f"w{k:05d}": _SimWorker(f"w{k:05d}", f"sim-node-{k % nodes}") for k in range(workers)}
+        self._free = FreeWorkers()
+        for w in self._workers.values():
+            self._refresh_free(w)
+        self._events: list[tuple[float, int, str, Any]] = []  # (time, order, kind, payload)
+        self._order = itertools.count()
+        self._kills: list[tuple[float, str]] = []
+        self._announced = False
+        slots = [Slot(w.node, 1.0, 0.0, k) for k, w in enumerate(self._workers.values())]
+        self._plan = Plan(
+            "simulated",
+            slots,
+            batch_size,
+            "simulated",
+            "float32",
+            1,
+            [
+                {
+                    "node_id": f"sim-node-{k}",
+                    "hostname": f"sim-node-{k}",
+                    "address": "",
+                    "cpus": 1,
+                    "gpus": 0,
+                    "memory_bytes": 0,
+                    "cpu_model": "",
+                    "accelerator": "",
+                    "gpu_memory_bytes": 0,
+                }
+                for k in range(nodes)
+            ],
+        )
+
+    @property
+    def plan(self) -> Plan:
+        return self._plan
+
+    def kill_worker_at(self, worker: str, t: float) -> None:
+        """Make ``worker`` die at simulated time ``t`` (its trials fail as worker losses)."""
+        self._kills.append((t, worker))
+        self._kills.sort()
+
+    # -- WorkerPool ------------------------------------------------------------------------------
+    def sync(self) -> list[PoolEvent]:
+        events = []
+        now = self.clock()
+        while self._kills and self._kills[0][0] <= now:
+            _, wid = self._kills.pop(0)
+            events.extend(self._kill(wid))
+        return events
+
+    def _kill(self, wid: str) -> list[PoolEvent]:
+        w = self._workers[wid]
+        if not w.alive:
+            return []
+        w.alive = False
+        now = self.clock()
+        events = [
+            PoolEvent(
+                "failed",
+                wid,
+                t.trial,
+                t.attempt,
+                error="simulated worker death",
+                started=t.start <= now,
+                worker_lost=True,
+            )
+            for t in w.queue
+        ]
+        w.queue.clear()
+        self._refresh_free(w)
+        events.append(PoolEvent("lost", wid, error="simulated worker death", worker_lost=True))
+        return events
+
+    def free_workers(self) -> list[str]:
+        return self._free.ordered()
+
+    def _refresh_free(self, w: _SimWorker) -> None:
+        """Re-file ``w`` after its queue changed: the least loaded first, then by id."""
+        free = w.alive and len(w.queue) < self.queue_depth
+        self._free.update(w.worker_id, (len(w.queue),) if free else None)
+
+    def submit(
+        self,
+        worker: str,
+        trial: str,
+        attempt: int,
+        spec: dict[str, Any],
+        parent_weights: Any = None,
+        resume_weights: Any = None,
+    ) -> None:
+        w = self._workers[worker]
+        task = _SimTask(trial, attempt, TrialSpec.from_dict(spec))
+        now = self.clock()
+        task.start = max(now, w.free_at)
+        task.epoch_s = self._epoch_seconds(task.spec)
+        epochs = task.spec.epochs - task.spec.start_epoch
+        end = task.start + self.startup_s + epochs * task.epoch_s
+        w.free_at = end
+        w.queue.append(task)
+        self._refresh_free(w)
+        self._push(task.start, "start", (worker, task, None))
+        for k in range(1, epochs + 1):
+            self._push(task.start + self.startup_s + k * task.epoch_s, "epoch", (worker, task, k))
+        self._push(end, "done", (worker, task, None))
+
+    def _epoch_seconds(self, spec: TrialSpec) -> float:
+        """Fixed ``epoch_s``, or the epoch's counted operations at ``device_ops_per_s``."""
+        if not self.device_ops_per_s:
+            return self.epoch_s
+        from aiperf.flops import count_flops, epoch_operations
+
+        cost = count_flops(spec.architecture())
+        train, evaluate = epoch_operations(cost, self.images[0], self.images[1], int(spec.hparams["batch_size"]))
+        return (train + evaluate) / self.device_ops_per_s
+
+    def _push(self, t: float, kind: str, payload: Any) -> None:
+        heapq.heappush(self._events, (t, next(self._order), kind, payload))
+
+    def wait(self, timeout: float) -> list[PoolEvent]:
+        events: list[PoolEvent] = []
+        if not self._announced:
+            self._announced = True
+            for w in self._workers.values():
+                w.started_at = self.clock()
+                events.append(PoolEvent("ready", w.worker_id, data=self.worker_info(w.worker_id)))
+            return events
+        now = self.clock()
+        if self._events and self._events[0][0] > now:
+            target = min(self._events[0][0], now + timeout)
+            if self._kills:
+                target = min(target, self._kills[0][0])
+            self.clock.jump_to(target)
+        elif not self._events:
+            self.clock.jump_to(now + timeout if not self._kills else min(now + timeout, self._kills[0][0]))
+        now = self.clock()
+        while self._events and self._events[0][0] <= now:
+            event_t, _, kind, (wid, task, extra) = heapq.heappop(self._events)
+            w = self._workers[wid]
+            if not w.alive or task not in w.queue:
+                continue
+            if kind == "start":
+                events.append(PoolEvent("start", wid, task.trial, task.attempt, data={"type": "start"}, started=True))
+            elif kind == "epoch" and self.failure_fn is not None and self.failure_fn(task.spec):
+                w.queue.remove(task)  # the trial raised during training: the worker itself survives
+                self._refresh_free(w)
+                events.append(
+                    PoolEvent(
+                        "failed", wid, task.trial, task.attempt, error=self.failure_fn(task.spec) or "", started=True
+                    )
+                )
+            elif kind == "epoch":
+                epoch = task.spec.start_epoch + extra
+                acc = float(self.accuracy_fn(task.spec, epoch))
+                w.busy_s += task.epoch_s
+                idle = None
+                if extra == 1 and w.last_step_end is not None:
+                    idle = max(0.0, (event_t - task.epoch_s) - w.last_step_end)
+                w.last_step_end = event_t
+                events.append(
+                    PoolEvent(
+                        "epoch",
+                        wid,
+                        task.trial,
+                        task.attempt,
+                        started=True,
+                        data={
+                            "type": "epoch",
+                            "epoch": epoch,
+                            "train_images": self.images[0],
+                            "eval_images": self.images[1],
+                            "train_acc": acc,
+                            "train_loss": 1.0 - acc,
+                            "val_acc": acc,
+                            "val_loss": 1.0 - acc,
+                            "train_s": task.epoch_s * 0.9,
+                            "eval_s": task.epoch_s * 0.1,
+                            "data_wait_s": None,
+                            "batch_size": int(task.spec.hparams["batch_size"]),
+                            "precision": "float32",
+                            "oom_retries": 0,
+                            "weights": {},
+                            **({"idle_before_s": idle} if idle is not None else {}),
+                        },
+                    )
+                )
+            else:
+                w.queue.remove(task)
+                self._refresh_free(w)
+                best = max(float(self.accuracy_fn(task.spec, e)) for e in range(1, task.spec.epochs + 1))
+                events.append(
+                    PoolEvent(
+                        "done",
+                        wid,
+                        task.trial,
+                        task.attempt,
+                        started=True,
+                        data={
+                            "type": "done",
+                            "weights": {},
+                            "startup_s": self.startup_s,
+                            "first_step_s": None,
+                            "best_val_acc": best,
+                            "batch_size": int(task.spec.hparams["batch_size"]),
+                            "requested_batch_size": int(task.spec.hparams["batch_size"]),
+                            "precision": "float32",
+                        },
+                    )
+                )
+        return events
+
+    def worker_info(self, worker: str) -> dict[str, Any]:
+        w = self._workers[worker]
+        return {
+            "worker": worker,
+            "node": w.node,
+            "hostname": w.node,
+            "device": {"kind": "sim", "name": "simulated"},
+            "precision": "float32",
+            "init_s": 0.0,
+        }
+
+    def retire_all(self) -> dict[str, dict[str, Any]]:
+        for w in self._workers.values():
+            w.alive = False
+            w.queue.clear()
+            self._refresh_free(w)
+        self._events.clear()
+        return {}

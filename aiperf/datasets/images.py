@@ -1,0 +1,58 @@
+"""Decoding image files into uint8 arrays, shared by the folder loader and streaming input.
+
+Sizes are ``(height, width)`` like array shapes (Pillow itself speaks width x height).
+Resizing stretches to the target size with bilinear filtering; JPEGs are first decoded at a
+reduced scale where possible (``draft``), which makes large photos several times cheaper.
+Every failure names the file, so one bad JPEG among a million is easy to find.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from aiperf.errors import AiperfError
+
+IMAGE_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"})
+GRAYSCALE_MODES = frozenset({"1", "L", "LA", "I", "I;16", "F"})
+_DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError)
+
+
+def is_image_file(path: str | Path) -> bool:
+    return Path(path).suffix.lower() in IMAGE_EXTENSIONS
+
+
+def _cannot_decode(path: str | Path, exc: BaseException) -> AiperfError:
+    reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return AiperfError(f"image_folder: {path}: cannot decode image ({reason})")
+
+
+def probe_image(path: str | Path) -> tuple[str, tuple[int, int]]:
+    """(Pillow mode, (height, width)) from the file header, without decoding the pixels."""
+    try:
+        with Image.open(path) as img:
+            return img.mode, (img.height, img.width)
+    except _DECODE_ERRORS as exc:
+        raise _cannot_decode(path, exc) from None
+
+
+def decode_image(path: str | Path, size: tuple[int, int] | None = None, channels: int = 3) -> np.ndarray:
+    """Decode one file to uint8 ``(height, width, channels)``; RGB for 3 channels, gray for 1.
+
+    ``size`` resizes to ``(height, width)``; without it the stored size is kept.
+    """
+    if channels not in (1, 3):
+        raise AiperfError(f"image_folder: channels must be 1 or 3 (got {channels})")
+    try:
+        with Image.open(path) as img:
+            if size is not None:
+                img.draft(None, (size[1], size[0]))
+            converted = img.convert("RGB" if channels == 3 else "L")
+            if size is not None and converted.size != (size[1], size[0]):
+                converted = converted.resize((size[1], size[0]), Image.Resampling.BILINEAR)
+            pixels = np.asarray(converted, dtype=np.uint8)
+    except _DECODE_ERRORS as exc:
+        raise _cannot_decode(path, exc) from None
+    return pixels[..., None] if channels == 1 else pixels

@@ -1,0 +1,37 @@
+"""``load_dataset``: the one entry point that maps a ``dataset`` config section to a loader."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from aiperf.config import DatasetConfig
+from aiperf.datasets.base import Dataset
+from aiperf.datasets.bundled import load_digits, load_mnist
+from aiperf.datasets.cifar10 import load_cifar10
+from aiperf.datasets.fashion_mnist import load_fashion_mnist
+from aiperf.datasets.image_folder import load_image_folder
+from aiperf.datasets.synthetic import load_synthetic
+from aiperf.errors import AiperfError
+
+LOADERS: dict[str, Callable[[DatasetConfig], Dataset]] = {
+    "mnist": load_mnist,
+    "digits": load_digits,
+    "fashion_mnist": load_fashion_mnist,
+    "cifar10": load_cifar10,
+    "image_folder": load_image_folder,
+    "synthetic": load_synthetic,
+}
+_TAKES_PATH = {"fashion_mnist", "cifar10", "image_folder"}
+
+
+def load_dataset(cfg: DatasetConfig) -> Dataset:
+    """Load the configured dataset from local files only; errors are one-line :class:`AiperfError`."""
+    loader = LOADERS.get(cfg.name)
+    if loader is None:
+        raise AiperfError(f"dataset.name: unknown dataset {cfg.name!r} (known: {', '.join(LOADERS)})")
+    # Settings a loader would silently ignore are rejected, so a run never uses other data than asked.
+    if cfg.path is not None and cfg.name not in _TAKES_PATH:
+        raise AiperfError(f"dataset.path: {cfg.name} is built in and reads no files; remove dataset.path")
+    if cfg.image_size is not None and cfg.name != "image_folder":
+        raise AiperfError(f"dataset.image_size: only image_folder resizes images; remove it for {cfg.name}")
+    return loader(cfg)

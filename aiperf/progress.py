@@ -1,0 +1,76 @@
+"""The live progress line: elapsed time, trials done and running, best accuracy, current OPS.
+
+Kept incrementally (running sums), so printing it costs nothing however long the run is.
+On a terminal the line redraws in place; otherwise one line is printed per interval.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TextIO
+
+from aiperf.score import format_ops
+
+
+def format_elapsed(seconds: float) -> str:
+    seconds = int(max(0, seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}:{m:02d}:{s:02d}"
+
+
+class Progress:
+    """Accumulates what the master reports and prints a status line every ``interval_s``."""
+
+    def __init__(self, interval_s: float, budget_s: float, stream: TextIO | None = None) -> None:
+        self.interval_s = interval_s
+        self.budget_s = budget_s
+        self.stream = stream or sys.stdout
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.ops = 0.0
+        self.last_epoch_t = 0.0
+        self.best: float | None = None
+        self.epochs = 0
+        self.done = 0
+        self.failed = 0
+        self._last_print = -1e9
+
+    def epoch(self, ops: float, val_acc: float, t: float) -> None:
+        self.ops += ops
+        self.epochs += 1
+        self.last_epoch_t = t
+        self.best = val_acc if self.best is None else max(self.best, val_acc)
+
+    def trial_done(self) -> None:
+        self.done += 1
+
+    def trial_failed(self, trial: str, error: str) -> None:
+        self.failed += 1
+        self._emit(f"trial {trial} failed: {error}", newline=True)
+
+    def line(self, t: float, running: int, queued: int = 0) -> str:
+        ops = self.ops / self.last_epoch_t if self.last_epoch_t > 0 else 0.0
+        best = f"{self.best:.4f}" if self.best is not None else "-"
+        return (
+            f"[{format_elapsed(t)} / {format_elapsed(self.budget_s)}] trials {self.done} done, {running} running"
+            f"{f', {queued} queued' if queued else ''}"
+            f"{f', {self.failed} failed' if self.failed else ''} | epochs {self.epochs} | best val acc {best}"
+            f" | {format_ops(ops)}"
+        )
+
+    def maybe_print(self, t: float, running: int, queued: int = 0) -> None:
+        if t - self._last_print >= self.interval_s:
+            self._last_print = t
+            self._emit(self.line(t, running, queued))
+
+    def _emit(self, text: str, newline: bool = False) -> None:
+        if self.tty and not newline:
+            self.stream.write("\r\033[K" + text)
+        else:
+            self.stream.write(("\n" if self.tty else "") + text + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()

@@ -1,0 +1,361 @@
+"""``aiperf report``: one self-contained HTML page that explains a run to a person.
+
+Everything comes from the run directory (the ledger, plus ``telemetry.jsonl`` when present)
+and goes into a single file: plots are PNGs embedded as base64 ``data:`` URIs, the style
+and the small script (sortable tables) are inline, and nothing refers to any other file or
+any network address, so the page can be mailed, archived or opened offline as it is.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from aiperf import plots
+from aiperf.errors import AiperfError
+from aiperf.results import RunResults, load
+from aiperf.score import format_ops, score_timeline
+from aiperf.summary import build_summary, format_telemetry
+
+REPORT_NAME = "report.html"
+TOP_ARCHITECTURES = 15
+
+STYLE = """
+body { font-family: -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif; margin: 0; color: #1d232b;
+       background: #f5f6f8; }
+main { max-width: 1180px; margin: 0 auto; padding: 24px; }
+h1 { font-size: 22px; margin: 0 0 4px 0; } h2 { font-size: 17px; margin: 28px 0 10px 0; }
+.sub { color: #5b6572; font-size: 13px; }
+.cards { display: flex; flex-wrap: wrap; gap: 12px; margin-top: 16px; }
+.card { background: #fff; border-radius: 8px; padding: 12px 16px; box-shadow: 0 1px 3px rgba(0,0,0,.12);
+        min-width: 150px; }
+.card .label { font-size: 12px; color: #5b6572; } .card .value { font-size: 22px; font-weight: 600; }
+.card.headline { border-left: 6px solid #1f77b4; } .card .value.big { font-size: 28px; }
+.badge { display: inline-block; padding: 3px 10px; border-radius: 12px; font-weight: 600; font-size: 13px; }
+.valid { background: #d8f3dc; color: #1b5e20; } .unofficial { background: #fff3cd; color: #7a5a00; }
+.invalid { background: #fde2e1; color: #9b1c1c; }
+.grid { display: grid; grid-template-columns: repeat(auto-fit, minmax(520px, 1fr)); gap: 14px; }
+figure { background: #fff; margin: 0; padding: 8px; border-radius: 8px; box-shadow: 0 1px 3px rgba(0,0,0,.12); }
+figure img { width: 100%; height: auto; display: block; } figcaption { font-size: 12px; color: #5b6572; }
+figure.wide { grid-column: 1 / -1; }
+.empty { padding: 40px; text-align: center; color: #8a939e; font-size: 13px; }
+table { border-collapse: collapse; background: #fff; font-size: 12.5px; box-shadow: 0 1px 3px rgba(0,0,0,.12); }
+th, td { padding: 5px 9px; border-bottom: 1px solid #e6e8eb; text-align: left; vertical-align: top; }
+th { background: #eef0f3; font-weight: 600; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
+table.sortable th { cursor: pointer; } table.sortable th:hover { background: #e1e5ea; }
+.pass { color: #1b5e20; font-weight: 600; } .fail { color: #9b1c1c; font-weight: 600; }
+.pairs { width: 100%; table-layout: fixed; } .pairs th { width: 38%; } .pairs td { overflow-wrap: anywhere; }
+.two { display: grid; grid-template-columns: repeat(auto-fit, minmax(360px, 1fr)); gap: 14px; align-items: start; }
+code, pre { font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 12px; }
+pre { background: #fff; padding: 10px; overflow-x: auto; max-height: 420px; }
+footer { margin-top: 32px; font-size: 12px; color: #5b6572; }
+"""
+
+# Errors anywhere on the page are recorded on <html data-errors>, and the last script marks
+# <body data-ready> once it has run: a headless browser can then tell a page that works.
+ERROR_HOOK = """
+window.addEventListener('error', function (e) {
+  var root = document.documentElement;
+  var seen = root.getAttribute('data-errors');
+  root.setAttribute('data-errors', (seen ? seen + ' | ' : '') + String(e.message));
+});
+"""
+
+SORT_SCRIPT = """
+(function () {
+  function key(cell) {
+    var v = cell.getAttribute('data-value');
+    if (v !== null && v !== '' && !isNaN(parseFloat(v))) { return parseFloat(v); }
+    return cell.textContent.trim().toLowerCase();
+  }
+  var tables = document.querySelectorAll('table.sortable');
+  Array.prototype.forEach.call(tables, function (table) {
+    Array.prototype.forEach.call(table.tHead.rows[0].cells, function (th, col) {
+      th.title = 'sort by this column';
+      th.addEventListener('click', function () {
+        var body = table.tBodies[0];
+        var rows = Array.prototype.slice.call(body.rows);
+        var ascending = th.getAttribute('data-order') !== 'asc';
+        rows.sort(function (a, b) {
+          var x = key(a.cells[col]), y = key(b.cells[col]);
+          var c = (typeof x === 'number' && typeof y === 'number') ? x - y : String(x).localeCompare(String(y));
+          return ascending ? c : -c;
+        });
+        th.setAttribute('data-order', ascending ? 'asc' : 'desc');
+        rows.forEach(function (row) { body.appendChild(row); });
+      });
+    });
+  });
+  window.addEventListener('load', function () {
+    var images = document.images, shown = 0;
+    for (var i = 0; i < images.length; i++) { if (images[i].naturalWidth > 0) { shown++; } }
+    document.body.setAttribute('data-images', shown + '/' + images.length);
+  });
+  document.body.setAttribute('data-ready', '1');
+})();
+"""
+
+
+def _e(value: Any) -> str:
+    return html.escape("" if value is None else str(value))
+
+
+def _num(value: Any, fmt: str = "{:,}") -> str:
+    """A right-aligned numeric cell that sorts by its value."""
+    if value is None or (isinstance(value, float) and value != value):
+        return '<td class="num" data-value="">-</td>'
+    return f'<td class="num" data-value="{value}">{_e(fmt.format(value))}</td>'
+
+
+def _table(headers: list[str], rows: list[str], sortable: bool = False) -> str:
+    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
+    cls = ' class="sortable"' if sortable else ""
+    return f"<table{cls}><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+
+
+def _pairs(items: list[tuple[str, Any]]) -> str:
+    rows = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in items)
+    return f'<table class="pairs"><tbody>{rows}</tbody></table>'
+
+
+def _figure(png: bytes | None, caption: str, alt: str, wide: bool = False) -> str:
+    cls = ' class="wide"' if wide else ""
+    if png is None:
+        return (
+            f'<figure{cls}><div class="empty">{_e(alt)}: nothing recorded</div>'
+            f"<figcaption>{_e(caption)}</figcaption></figure>"
+        )
+    data = base64.b64encode(png).decode()
+    return (
+        f'<figure{cls}><img alt="{_e(alt)}" src="data:image/png;base64,{data}">'
+        f"<figcaption>{_e(caption)}</figcaption></figure>"
+    )
+
+
+def _verdict_class(verdict: dict[str, Any]) -> str:
+    if not verdict["valid"]:
+        return "invalid"
+    return "valid" if verdict["official"] else "unofficial"
+
+
+def _headline(summary: dict[str, Any]) -> str:
+    s, v = summary["score"], summary["verdict"]
+    acc = s.get("best_val_acc")
+    cards = [
+        ("headline", "regulated score", s["regulated_human"], "OPS x |ln(1 - best accuracy)|"),
+        ("", "OPS", s["ops_human"], f"{format_ops(s['total_ops'], 'OP')} counted in {s['wall_s']:.1f} s"),
+        ("", "AIPerf-compatible", s["aiperf_regulated_human"], "regulated, AIPerf's FLOP conventions"),
+        (
+            "",
+            "best validation accuracy",
+            f"{acc:.4f}" if acc is not None else "-",
+            f"quality factor {s['quality']:.3f}",
+        ),
+        (
+            "",
+            "trials",
+            f"{summary['trials']['started']}",
+            f"{summary['trials']['distinct_architectures']} architectures, "
+            f"{summary['trials']['epochs_counted']} epochs",
+        ),
+    ]
+    html_cards = "".join(
+        f'<div class="card {cls}"><div class="label">{_e(label)}</div>'
+        f'<div class="value{" big" if cls else ""}">{_e(value)}</div><div class="sub">{_e(note)}</div></div>'
+        for cls, label, value, note in cards
+    )
+    badge = f'<span class="badge {_verdict_class(v)}" id="verdict">{_e(v["headline"])}</span>'
+    rules = [
+        f"<tr><td>{_e(r['name'])}</td><td>{_e(r['measured'])}</td><td>{_e(r['required'])}</td>"
+        f'<td class="{"pass" if r["passed"] else "fail"}">{"pass" if r["passed"] else "FAIL"}</td></tr>'
+        for r in v["rules"]
+    ]
+    return (
+        f'<div class="cards">{html_cards}</div>'
+        f"<h2>Verdict {badge}</h2>"
+        f'<p class="sub">Run status: {_e(summary["status"])} ({_e(summary["stop_reason"])}).</p>'
+        + _table(["rule", "measured", "required", ""], rules)
+    )
+
+
+def _hostnames(header: dict[str, Any]) -> dict[str, str]:
+    return {n.get("node_id", ""): n.get("hostname", "") for n in (header.get("plan") or {}).get("nodes", [])}
+
+
+def _plots(results: RunResults, summary: dict[str, Any]) -> str:
+    timeline = score_timeline(results.records)
+    hosts = _hostnames(results.header)
+    figures = [
+        _figure(
+            plots.score_over_time(timeline), "Each point is the score had the run stopped then.", "score over time"
+        ),
+        _figure(
+            plots.best_error_over_time(timeline, results.epochs),
+            "Grey: each counted epoch. Green: the best validation error so far.",
+            "best validation error",
+        ),
+        _figure(
+            plots.ops_per_node(results.epochs, hosts),
+            "Counted operations of the epochs each node completed, per second.",
+            "OPS per node",
+        ),
+        _figure(
+            plots.busy_fraction(results.workers),
+            "Time in training and evaluation steps over each worker's lifetime.",
+            "busy fraction",
+        ),
+    ]
+    if not results.telemetry.empty:
+        figures.append(
+            _figure(plots.utilisation(results.telemetry, hosts), format_telemetry(summary["telemetry"]), "utilisation")
+        )
+    figures.append(
+        _figure(
+            plots.lineage(results.trials),
+            "Each trial at its start time and generation; lines join parent to child. Marker: star seed, "
+            "circle new architecture, square re-tuned hyperparameters. Colour: best validation accuracy.",
+            "architecture lineage",
+            wide=True,
+        )
+    )
+    return f'<div class="grid">{"".join(figures)}</div>'
+
+
+def _top_architectures(results: RunResults) -> str:
+    trials = results.trials.dropna(subset=["best_val_acc"]).sort_values(
+        ["best_val_acc", "start_t"], ascending=[False, True], kind="stable"
+    )
+    rows = []
+    for rank, r in enumerate(trials.head(TOP_ARCHITECTURES).itertuples(), start=1):
+        rows.append(
+            f"<tr>{_num(rank, '{}')}<td>{_e(r.trial)}</td><td>{_e(r.kind)}</td><td><code>{_e(r.arch_id)}</code></td>"
+            f"{_num(r.depth, '{}')}{_num(r.params)}"
+            f"{_num(r.flops_train_per_image, '{:,.0f}')}{_num(r.flops_eval_per_image, '{:,.0f}')}"
+            f"{_num(r.batch_size, '{}')}{_num(r.learning_rate, '{:.3g}')}{_num(r.epochs, '{}')}"
+            f"{_num(r.best_val_acc, '{:.4f}')}<td>{_e(r.status)}</td><td>{_e(r.lineage)}</td></tr>"
+        )
+    headers = [
+        "#",
+        "trial",
+        "kind",
+        "architecture",
+        "generation",
+        "params",
+        "train FLOPs/image",
+        "eval FLOPs/image",
+        "batch",
+        "learning rate",
+        "epochs",
+        "best accuracy",
+        "status",
+        "morphisms",
+    ]
+    shown = min(TOP_ARCHITECTURES, len(trials))
+    note = f'<p class="sub">The {shown} most accurate of {len(results.trials)} trials; click a column to sort.</p>'
+    return note + _table(headers, rows, sortable=True)
+
+
+def _system(header: dict[str, Any], summary: dict[str, Any]) -> str:
+    plan = header.get("plan") or {}
+    nodes = [
+        f"<tr><td>{_e(n.get('hostname') or n.get('node_id', '')[:12])}</td>{_num(n.get('cpus'), '{:g}')}"
+        f"{_num(n.get('gpus'), '{:g}')}<td>{_e(n.get('accelerator') or '-')}</td>"
+        f"{_num((n.get('memory_bytes') or 0) / 2**30, '{:.1f}')}<td>{_e(n.get('cpu_model'))}</td></tr>"
+        for n in plan.get("nodes", [])
+    ]
+    devices = ", ".join(f"{k} x {n}" for k, n in summary["devices"]["workers_by_device"].items()) or "-"
+    plan_items = [
+        ("placement", plan.get("placement")),
+        ("concurrent trials", plan.get("concurrency")),
+        ("workers by device", devices),
+        ("backend", plan.get("backend")),
+        ("precision requested / used", f"{plan.get('precision')} / {', '.join(summary['precision']) or '-'}"),
+        ("batch size (default)", plan.get("batch_size")),
+        ("threads per trial", plan.get("threads_per_trial")),
+    ]
+    ds = header.get("dataset") or {}
+    split = ds.get("split") or {}
+    dataset_items = [
+        ("name", ds.get("name")),
+        ("source", ds.get("source")),
+        ("train images", ds.get("train_images")),
+        ("validation images", ds.get("eval_images")),
+        ("input shape", ds.get("input_shape")),
+        ("classes", ds.get("num_classes")),
+        ("split", f"{split.get('method', '?')}, seed {split.get('seed', '?')}, disjoint: {split.get('disjoint')}"),
+        ("fingerprint", ds.get("fingerprint")),
+    ]
+    versions = sorted((header.get("versions") or {}).items())
+    system = header.get("system") or {}
+    return (
+        "<h2>System</h2>"
+        + _table(["node", "CPUs", "GPUs", "accelerator", "memory (GiB)", "CPU model"], nodes)
+        + f'<p class="sub">Head: {_e(system.get("head"))}; {_e(system.get("platform"))}</p>'
+        + '<div class="two"><div><h2>Plan</h2>'
+        + _pairs(plan_items)
+        + "</div><div><h2>Dataset</h2>"
+        + _pairs(dataset_items)
+        + "</div><div><h2>Software</h2>"
+        + _pairs(versions)
+        + "</div><div><h2>Rules in force</h2>"
+        + _pairs(sorted((header.get("rules") or {}).items()))
+        + "</div></div>"
+        + "<details><summary>Full configuration</summary><pre>"
+        + _e(json.dumps(header.get("config"), indent=2, sort_keys=True))
+        + "</pre></details>"
+    )
+
+
+def render_report(results: RunResults, summary: dict[str, Any], run_dir: str | Path = "") -> str:
+    """The page as a string."""
+    header = results.header
+    generated = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    started = datetime.fromtimestamp(header.get("wall", 0), UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    ledger = summary["ledger"]
+    body = (
+        f"<h1>aiperf run {_e(summary['run_id'])}</h1>"
+        f'<div class="sub">{_e(summary["name"])} &middot; started {started} &middot; dataset '
+        f"{_e(summary['dataset']['name'])} &middot; {summary['devices']['nodes']} node(s), "
+        f"{summary['devices']['concurrency']} concurrent trials &middot; backend {_e(summary['backend'])}</div>"
+        + _headline(summary)
+        + "<h2>Progress</h2>"
+        + _plots(results, summary)
+        + "<h2>Top architectures</h2>"
+        + _top_architectures(results)
+        + _system(header, summary)
+        + f"<footer>Computed from {ledger['records']} ledger records; last hash <code>{_e(ledger['last_hash'])}</code>."
+        f" Check it with <code>aiperf verify {_e(run_dir)}</code>. Report generated {generated}.</footer>"
+    )
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>aiperf {_e(summary['run_id'])}: {_e(summary['score']['regulated_human'])}</title>"
+        f"<style>{STYLE}</style><script>{ERROR_HOOK}</script></head>"
+        f"<body><main>{body}</main><script>{SORT_SCRIPT}</script></body></html>\n"
+    )
+
+
+def write_report(run_dir: str | Path, output: str | Path | None = None) -> Path:
+    """Write ``report.html`` (or ``output``) for the run in ``run_dir``; returns its path."""
+    run_dir = Path(run_dir)
+    results = load(run_dir)
+    if not results.header:
+        raise AiperfError(f"{run_dir}: the ledger does not begin with a run_start record")
+    summary = build_summary(run_dir, results.records)
+    page = render_report(results, summary, run_dir)
+    path = Path(output) if output else run_dir / REPORT_NAME
+    if path.is_dir():
+        path = path / REPORT_NAME
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(page)
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise AiperfError(f"cannot write the report to {path}: {exc.strerror}") from None
+    return path

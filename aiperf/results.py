@@ -1,0 +1,247 @@
+"""A run's results as pandas DataFrames, for analysis in a notebook and for the report.
+
+``load(run_dir)`` reads the ledger (and ``telemetry.jsonl`` when present) and returns one
+frame per kind of fact: trials (one row per trial, its latest attempt), epochs (one row per
+counted epoch), workers and telemetry (one row per node, device and sample). Times are the
+master clock ``t`` of the ledger throughout; telemetry samples, which carry Unix time, are
+mapped onto it through the ledger records around them.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from aiperf.ledger import read_ledger
+from aiperf.telemetry import read_telemetry
+
+EPOCH_COLUMNS = [
+    "seq",
+    "t",
+    "trial",
+    "attempt",
+    "epoch",
+    "worker",
+    "node",
+    "train_images",
+    "eval_images",
+    "batch_size",
+    "train_ops",
+    "eval_ops",
+    "ops",
+    "aiperf_ops",
+    "train_acc",
+    "train_loss",
+    "val_acc",
+    "val_loss",
+    "train_s",
+    "eval_s",
+    "data_wait_s",
+    "precision",
+]
+TRIAL_COLUMNS = [
+    "trial",
+    "kind",
+    "parent",
+    "inherit",
+    "arch_id",
+    "params",
+    "flops_train_per_image",
+    "flops_eval_per_image",
+    "learning_rate",
+    "batch_size",
+    "weight_decay",
+    "dropout",
+    "kernel_size",
+    "epochs_planned",
+    "lineage",
+    "worker",
+    "node",
+    "attempts",
+    "start_t",
+    "end_t",
+    "status",
+    "epochs",
+    "best_val_acc",
+    "ops",
+    "depth",
+]
+TELEMETRY_COLUMNS = [
+    "wall",
+    "t",
+    "node",
+    "hostname",
+    "device",
+    "name",
+    "util_percent",
+    "mem_used_bytes",
+    "mem_total_bytes",
+    "power_w",
+]
+
+
+@dataclass
+class RunResults:
+    """Everything a run recorded, as frames; ``header`` is the ledger's ``run_start`` record."""
+
+    header: dict[str, Any]
+    trials: pd.DataFrame
+    epochs: pd.DataFrame
+    workers: pd.DataFrame
+    telemetry: pd.DataFrame
+    records: list[dict[str, Any]] = field(repr=False, default_factory=list)
+
+
+def _epochs(records: list[dict[str, Any]]) -> pd.DataFrame:
+    rows = [{k: r.get(k) for k in EPOCH_COLUMNS} for r in records if r.get("type") == "epoch"]
+    return pd.DataFrame(rows, columns=EPOCH_COLUMNS)
+
+
+def _trials(records: list[dict[str, Any]], epochs: pd.DataFrame) -> pd.DataFrame:
+    rows: dict[str, dict[str, Any]] = {}
+    for r in records:
+        if r.get("type") == "trial_start":
+            row = rows.get(r["trial"])
+            if row is None:
+                hp, flops = r.get("hparams") or {}, r.get("flops") or {}
+                row = rows[r["trial"]] = {
+                    "trial": r["trial"],
+                    "kind": r.get("kind"),
+                    "parent": r.get("parent"),
+                    "inherit": r.get("inherit"),
+                    "arch_id": r.get("arch_id"),
+                    "params": r.get("params"),
+                    "flops_train_per_image": flops.get("train_per_image"),
+                    "flops_eval_per_image": flops.get("eval_per_image"),
+                    "learning_rate": hp.get("learning_rate"),
+                    "batch_size": hp.get("batch_size"),
+                    "weight_decay": hp.get("weight_decay"),
+                    "dropout": hp.get("dropout"),
+                    "kernel_size": hp.get("kernel_size"),
+                    "epochs_planned": hp.get("epochs"),
+                    "lineage": " ; ".join(r.get("lineage") or []),
+                    "start_t": r.get("t"),
+                    "status": "running",
+                    "attempts": 0,
+                }
+            row.update(worker=r.get("worker"), node=r.get("node"), attempts=row["attempts"] + 1)
+        elif r.get("type") == "trial_end" and r.get("trial") in rows:
+            rows[r["trial"]].update(
+                end_t=r.get("t"), status=r.get("status"), epochs=r.get("epochs"), best_val_acc=r.get("best_val_acc")
+            )
+    frame = pd.DataFrame(list(rows.values()), columns=TRIAL_COLUMNS)
+    if len(frame) and len(epochs):
+        per_trial = epochs.groupby("trial").agg(ops=("ops", "sum"), best=("val_acc", "max"))
+        frame["ops"] = frame["trial"].map(per_trial["ops"]).fillna(0.0)
+        # A trial still running when the ledger ends has no trial_end: take its best from its epochs.
+        frame["best_val_acc"] = frame["best_val_acc"].fillna(frame["trial"].map(per_trial["best"]))
+    else:
+        frame["ops"] = 0.0
+    parents = dict(zip(frame["trial"], frame["parent"], strict=True))
+    frame["depth"] = [_depth(t, parents) for t in frame["trial"]]
+    return frame
+
+
+def _depth(trial: str, parents: dict[str, Any]) -> int:
+    """Generations from the seed (0 for a trial without a parent); stops on a broken or cyclic chain."""
+    depth, seen = 0, {trial}
+    parent = parents.get(trial)
+    while isinstance(parent, str) and parent in parents and parent not in seen:
+        seen.add(parent)
+        depth += 1
+        parent = parents.get(parent)
+    return depth
+
+
+def _workers(records: list[dict[str, Any]]) -> pd.DataFrame:
+    columns = [
+        "worker",
+        "node",
+        "hostname",
+        "device",
+        "busy_s",
+        "alive_s",
+        "busy_fraction",
+        "idle_gap_mean_s",
+        "retired",
+    ]
+    rows = []
+    for r in records:
+        if r.get("type") == "worker":
+            dev = r.get("device") or {}
+            rows.append(
+                {
+                    "worker": r.get("worker"),
+                    "node": r.get("node"),
+                    "hostname": r.get("hostname"),
+                    "device": f"{dev.get('kind', '?')}: {dev.get('name', '?')}",
+                    "busy_s": r.get("busy_s"),
+                    "alive_s": r.get("alive_s"),
+                    "busy_fraction": r.get("busy_fraction"),
+                    "idle_gap_mean_s": (r.get("idle_gaps") or {}).get("mean_s"),
+                    "retired": r.get("retired"),
+                }
+            )
+    return pd.DataFrame(rows, columns=columns)
+
+
+def master_time(records: list[dict[str, Any]], walls: list[float]) -> list[float]:
+    """Map Unix times onto the ledger's master clock, using the latest record written before each."""
+    anchors = sorted((r["wall"], r["wall"] - r["t"]) for r in records if "wall" in r and "t" in r)
+    if not anchors:
+        return [float("nan")] * len(walls)
+    keys = [a[0] for a in anchors]
+    out = []
+    for w in walls:
+        k = max(bisect.bisect_right(keys, w) - 1, 0)
+        out.append(w - anchors[k][1])
+    return out
+
+
+def _telemetry(run_dir: Path, records: list[dict[str, Any]]) -> pd.DataFrame:
+    rows = []
+    for s in read_telemetry(run_dir):
+        if "error" in s:
+            continue
+        base = {"wall": s["wall"], "node": s["node"], "hostname": s.get("hostname")}
+        rows.append(
+            {
+                **base,
+                "device": "cpu",
+                "name": "host",
+                "util_percent": s.get("cpu_percent"),
+                "mem_used_bytes": s.get("host_mem_used_bytes"),
+                "mem_total_bytes": s.get("host_mem_total_bytes"),
+                "power_w": None,
+            }
+        )
+        for a in s.get("accelerators") or []:
+            rows.append(
+                {
+                    **base,
+                    "device": f"gpu{a.get('index', 0)}",
+                    "name": a.get("name"),
+                    "util_percent": a.get("util_percent"),
+                    "mem_used_bytes": a.get("mem_used_bytes"),
+                    "mem_total_bytes": a.get("mem_total_bytes"),
+                    "power_w": a.get("power_w"),
+                }
+            )
+    frame = pd.DataFrame(rows, columns=TELEMETRY_COLUMNS)
+    frame["t"] = master_time(records, list(frame["wall"])) if len(frame) else []
+    return frame
+
+
+def load(run_dir: str | Path) -> RunResults:
+    """The run in ``run_dir`` as frames (raises :class:`~aiperf.errors.AiperfError` if it has no ledger)."""
+    run_dir = Path(run_dir)
+    records = read_ledger(run_dir)
+    header = records[0] if records and records[0].get("type") == "run_start" else {}
+    epochs = _epochs(records)
+    return RunResults(
+        header, _trials(records, epochs), epochs, _workers(records), _telemetry(run_dir, records), records
+    )

@@ -1,0 +1,346 @@
+"""One benchmark run from config to summary: data, cluster, plan, search, ledger, result.
+
+Also continues a run whose master died (``resume_run``): the search state is rebuilt by
+replaying the ledger into the proposer, the kept parent weights are reloaded from the run
+directory, and the clock continues from the ledger's last ``t`` plus the downtime gap
+(the gap is counted as wall time: a master crash costs the score, it cannot inflate it).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import secrets
+import sys
+import time
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any, TextIO
+
+from aiperf.config import Config, config_from_dict
+from aiperf.datasets import Dataset, load_dataset
+from aiperf.errors import AiperfError
+from aiperf.ledger import LedgerWriter, read_ledger
+from aiperf.weights import WeightStore
+from nas.errors import NasError
+from nas.graph import Graph
+from nas.morph import Morph
+from nas.proposer import TrialProposal
+from nas.serialize import graph_from_dict
+
+WEIGHTS_DIR = "weights"
+
+
+def new_run_id(name: str) -> str:
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    safe = "".join(c if c.isalnum() or c in "-_" else "-" for c in name)[:40]
+    return f"{stamp}-{safe}-{secrets.token_hex(2)}"
+
+
+def seed_architecture(cfg: Config, dataset: Dataset) -> Graph:
+    """The search's starting architecture, sized to the dataset's images and classes.
+
+    It always carries a dropout layer before its classifier (inserted if the architecture
+    has none), so the searched dropout rate reaches every trial.
+    """
+    return _seed_graph(cfg, dataset).with_dropout(cfg.train.dropout, ensure=True)
+
+
+def _seed_graph(cfg: Config, dataset: Dataset) -> Graph:
+    from nas import serialize, zoo
+
+    name = cfg.model.seed_architecture
+    try:
+        if name.endswith(".json") or os.sep in name:
+            graph = serialize.load(name)
+            if tuple(graph.input_shape) != tuple(dataset.input_shape) or graph.num_classes != dataset.num_classes:
+                raise AiperfError(
+                    f"model.seed_architecture: {name} takes {graph.input_shape} images and {graph.num_classes} classes,"
+                    f" but the dataset has {tuple(dataset.input_shape)} and {dataset.num_classes}"
+                )
+            return graph
+        if name == "small_resnet":
+            return zoo.small_resnet(
+                dataset.input_shape, dataset.num_classes, width=cfg.model.width, dropout=cfg.train.dropout
+            )
+        return zoo.by_name(name, dataset.input_shape, dataset.num_classes)
+    except NasError as exc:
+        raise AiperfError(f"model.seed_architecture: {exc}") from None
+
+
+def software_versions(backend: str) -> dict[str, str]:
+    """Versions from package metadata (cheap: the master never imports the framework)."""
+    out = {"python": platform.python_version(), "backend": backend}
+    for pkg in ("aiperf", "keras", "tensorflow", "jax", "jaxlib", "torch", "ray", "numpy", "optuna"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def _search_settings(cfg: Config, plan_batch: int) -> Any:
+    from nas.hpo import HyperparameterSpace
+    from nas.search import SearchSettings
+
+    h = cfg.hpo
+    batch_sizes = sorted({b for b in h.batch_sizes if b <= cfg.train.max_batch_size}) or [plan_batch]
+    space = HyperparameterSpace(
+        learning_rate=tuple(h.learning_rate),
+        weight_decay=tuple(h.weight_decay),
+        dropout=tuple(h.dropout),
+        batch_sizes=tuple(batch_sizes),
+        kernel_sizes=tuple(h.kernel_sizes),
+        epochs=tuple(h.epochs),
+    )
+    defaults = {
+        "learning_rate": cfg.train.learning_rate,
+        "batch_size": plan_batch,
+        "weight_decay": cfg.train.weight_decay,
+        "dropout": cfg.train.dropout,
+        "kernel_size": cfg.train.kernel_size,
+        "epochs": cfg.train.epochs_per_trial,
+    }
+    s = cfg.search
+    return SearchSettings(
+        strategy=s.strategy,
+        seed=cfg.run.seed,
+        ucb_beta=s.ucb_beta,
+        retune_fraction=s.retune_fraction,
+        max_morphs_per_child=s.max_morphs_per_child,
+        gp_window=s.gp_window,
+        candidates=s.candidates,
+        default_hparams=defaults,
+        hparam_space=space,
+    )
+
+
+def make_search(cfg: Config, seed_graph: Graph, plan_batch: int) -> Any:
+    """The proposer for this config: BO or random architecture search interleaved with TPE."""
+    from aiperf.flops import count_flops
+    from nas.limits import Limits
+    from nas.search import make_proposer
+
+    limits = Limits(
+        cfg.search.max_layers,
+        cfg.search.max_params,
+        cfg.search.max_flops_per_image,
+        flops_fn=lambda g: count_flops(g).train_per_image(plan_batch),
+    )
+    reason = limits.reason(seed_graph)
+    if reason:
+        raise AiperfError(f"the seed architecture is already over a search limit: {reason}")
+    return make_proposer(_search_settings(cfg, plan_batch), seed_graph, limits)
+
+
+def _proposal_from_record(rec: dict[str, Any]) -> TrialProposal:
+    return TrialProposal(
+        graph=graph_from_dict(rec["graph"]),
+        kind=rec["kind"],
+        hparams=dict(rec["hparams"]),
+        parent=rec.get("parent"),
+        inherit=rec.get("inherit"),
+        morphs=tuple(Morph.from_dict(m) for m in rec.get("morphs", [])),
+        info=rec.get("info") or {},
+    )
+
+
+class _Signals:
+    """SIGTERM asks the master to stop cleanly; a second one exits at once."""
+
+    def __init__(self) -> None:
+        self.master: Any = None
+        self.count = 0
+
+    def __enter__(self) -> _Signals:
+        import signal
+
+        self._old = signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.count += 1
+        if self.master is not None and self.count == 1:
+            self.master.request_stop("terminated (SIGTERM)")
+        else:
+            raise SystemExit(143)
+
+    def __exit__(self, *exc: object) -> None:
+        import signal
+
+        signal.signal(signal.SIGTERM, self._old)
+
+
+def _system(nodes: list[Any]) -> dict[str, Any]:
+    return {"head": platform.node(), "platform": platform.platform(), "nodes": [n.to_dict() for n in nodes]}
+
+
+def run_benchmark(
+    cfg: Config | None, *, address: str | None = None, out: TextIO | None = None, resume_dir: str | Path | None = None
+) -> tuple[Path, dict[str, Any]]:
+    """Run (or resume) the benchmark; returns the run directory and its summary."""
+    from aiperf.cluster.plan import format_plan
+    from aiperf.cluster.pool import RayWorkerPool
+    from aiperf.cluster.ray_session import start_ray
+    from aiperf.cluster.resources import cluster_nodes
+    from aiperf.master import Master, MasterSettings
+    from aiperf.progress import Progress
+    from aiperf.summary import format_summary, write_summary
+    from aiperf.telemetry import TelemetryRecorder
+
+    out = out or sys.stdout
+    previous: list[dict[str, Any]] = []
+    if resume_dir is not None:
+        run_dir = Path(resume_dir)
+        previous = read_ledger(run_dir, repair=True)
+        if not previous or previous[0]["type"] != "run_start":
+            raise AiperfError(f"{run_dir}: not a run directory (its ledger has no run_start record)")
+        stops = [r for r in previous if r["type"] in ("run_stop", "resume")]
+        if stops and stops[-1]["type"] == "run_stop" and stops[-1]["status"] == "completed":
+            raise AiperfError(f"{run_dir}: this run already completed ({stops[-1].get('reason')}); nothing to resume")
+        cfg = config_from_dict(previous[0]["config"])
+        run_id = previous[0]["run_id"]
+    else:
+        if cfg is None:
+            raise AiperfError("run_benchmark needs a config or a run directory to resume")
+        run_id = new_run_id(cfg.run.name)
+        run_dir = Path(cfg.run.results_dir) / run_id
+    dataset = load_dataset(cfg.dataset)
+    if previous and dataset.fingerprint() != previous[0]["dataset"]["fingerprint"]:
+        raise AiperfError(f"{run_dir}: the dataset on this machine differs from the one the run started with")
+    seed_graph = seed_architecture(cfg, dataset)
+    print(
+        f"aiperf: dataset {dataset.name}: {dataset.train_size} train / {dataset.val_size} validation images "
+        f"{tuple(dataset.input_shape)}, {dataset.num_classes} classes ({dataset.source})",
+        file=out,
+        flush=True,
+    )
+    session = start_ray(address or cfg.cluster.address)
+    try:
+        nodes = cluster_nodes(probe=True)
+        if not nodes:
+            raise AiperfError("the Ray cluster has no alive nodes")
+        from aiperf.cluster.plan import make_plan
+
+        plan = make_plan(nodes, cfg)
+        if not plan.slots:
+            raise AiperfError("the cluster has no room for a single trial (no CPUs or GPUs Ray can schedule)")
+        print(format_plan(plan), file=out, flush=True)
+        proposer = make_search(cfg, seed_graph, plan.batch_size)
+        weights = WeightStore(cfg.cluster.keep_weights, run_dir / WEIGHTS_DIR)
+        offset = 0.0
+        first_trial = 0
+        unfinished: list[str] = []
+        if previous:
+            gap = max(0.0, time.time() - previous[-1]["wall"])
+            offset = previous[-1]["t"] + gap
+            first_trial, unfinished = _restore(previous, proposer, weights)
+        ledger = LedgerWriter(run_dir, clock_offset=offset)
+        if previous:
+            ledger.append(
+                "resume",
+                gap_s=offset - previous[-1]["t"],
+                from_seq=previous[-1]["seq"],
+                plan=plan.to_dict(),
+                system=_system(nodes),
+            )
+            for trial in unfinished:  # their in-memory checkpoints died with the old master
+                ledger.append(
+                    "trial_end",
+                    trial=trial,
+                    status="lost",
+                    reason="the master stopped while it ran",
+                    epochs=None,
+                    best_val_acc=None,
+                )
+                proposer.forget(trial)
+        else:
+            ledger.append(
+                "run_start",
+                run_id=run_id,
+                config=cfg.to_dict(),
+                versions=software_versions(cfg.model.backend),
+                system=_system(nodes),
+                plan=plan.to_dict(),
+                dataset={**dataset.describe(), "fingerprint": dataset.fingerprint()},
+                rules=cfg.rules.model_dump(),
+                seed_architecture=seed_graph.to_dict(),
+            )
+        _attach_observers(run_dir, ledger, cfg)
+        print(
+            f"aiperf: run {run_id}: searching for {cfg.run.time_budget_s:g} s; ledger {run_dir / 'ledger.jsonl'}",
+            file=out,
+            flush=True,
+        )
+        pool = RayWorkerPool(cfg, dataset, nodes)
+        progress = Progress(cfg.run.progress_interval_s, cfg.run.time_budget_s, out)
+        settings = MasterSettings(
+            time_budget_s=cfg.run.time_budget_s,
+            max_trials=cfg.run.max_trials,
+            max_trial_retries=cfg.cluster.max_trial_retries,
+            seed=cfg.run.seed,
+            checkpoint_every_epoch=cfg.cluster.checkpoint_every_epoch,
+        )
+        master = Master(settings, proposer, pool, ledger, weights, progress, first_trial=first_trial)
+        telemetry = TelemetryRecorder(run_dir, cfg.run.telemetry_interval_s)
+        with _Signals() as signals:
+            signals.master = master
+            telemetry.start(nodes)
+            try:
+                outcome = master.run()
+            except BaseException as exc:
+                ledger.append("run_stop", status="failed", reason=f"{type(exc).__name__}: {exc}"[:500])
+                raise
+            finally:
+                telemetry.stop()
+        progress.close()
+        ledger.append("run_stop", status=outcome.status, reason=outcome.reason)
+        ledger.close()
+    finally:
+        session.shutdown()
+    summary = write_summary(run_dir)
+    _after_run(run_dir, out)
+    print(format_summary(summary, run_dir), file=out, flush=True)
+    return run_dir, summary
+
+
+def _restore(records: list[dict[str, Any]], proposer: Any, weights: WeightStore) -> tuple[int, list[str]]:
+    """Replay a ledger into a fresh proposer; returns the next trial number and the unfinished trials."""
+    starts: dict[str, dict[str, Any]] = {}
+    best: dict[str, float] = {}
+    final: dict[str, str] = {}
+    for r in records:
+        if r["type"] == "trial_start":
+            starts.setdefault(r["trial"], r)
+        elif r["type"] == "epoch":
+            best[r["trial"]] = max(best.get(r["trial"], 0.0), r["val_acc"])
+        elif r["type"] == "trial_end":
+            final[r["trial"]] = r["status"]
+    for trial, rec in starts.items():
+        done = final.get(trial) == "completed"
+        proposer.restore(trial, _proposal_from_record(rec), best.get(trial), done)
+        if trial in final and not done:  # failed, lost or stopped: no longer pending
+            proposer.forget(trial)
+    weights.reload({t: best.get(t, 0.0) for t, s in final.items() if s == "completed"})
+    numbers = [int(t[1:]) for t in starts if t[1:].isdigit()]
+    unfinished = [t for t in starts if t not in final]
+    return max(numbers, default=-1) + 1, unfinished
+
+
+def _attach_observers(run_dir: Path, ledger: LedgerWriter, cfg: Config) -> None:
+    """Hook the per-record writers (the MLPerf-style log) onto the ledger."""
+    from aiperf.mllog import attach as attach_mllog
+
+    attach_mllog(run_dir, ledger, cfg)
+
+
+def _after_run(run_dir: Path, out: TextIO) -> None:
+    """Write the HTML report next to the summary; a report that cannot be drawn never fails the run."""
+    from aiperf.report import write_report
+
+    try:
+        path = write_report(run_dir)
+        print(f"aiperf: report {path}", file=out, flush=True)
+    except AiperfError as exc:
+        print(f"aiperf: report not written: {exc}", file=out, flush=True)

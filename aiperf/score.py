@@ -1,0 +1,150 @@
+"""The benchmark's score, computed from the run ledger alone (counting rules in docs/ledger.md).
+
+Only completed epochs count: each ``epoch`` record carries the operations of that epoch,
+so work in progress when the run stopped, and the lost partial epoch of a re-queued
+trial, are simply absent. The rate divides by the master's clock at the last completed
+epoch, so idle time after the last useful result does not dilute it. The regulated
+score multiplies the rate by ``|ln(1 - best accuracy)|`` as AIPerf did, so a run cannot
+score by computing fast and learning nothing.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+MAX_ACCURACY = 1.0 - 1e-9  # keeps the quality factor finite for a perfect score
+TIMELINE_POINTS = 100
+_PREFIXES = ("", "k", "M", "G", "T", "P", "E", "Z", "Y", "R", "Q")
+
+
+@dataclass(frozen=True)
+class Score:
+    """The figures a run reports; ``ops_per_s`` is counted operations over the scored wall time."""
+
+    total_ops: float
+    train_ops: float
+    eval_ops: float
+    aiperf_ops: float
+    wall_s: float
+    ops_per_s: float
+    best_val_acc: float | None
+    quality: float
+    regulated: float
+    aiperf_regulated: float
+    epochs: int
+    trials_completed: int
+    trials_started: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def quality_factor(accuracy: float | None) -> float:
+    """``|ln(1 - accuracy)|`` with the accuracy clamped to [0, 1 - 1e-9]; 0 without an accuracy."""
+    if accuracy is None:
+        return 0.0
+    return abs(math.log(1.0 - min(max(float(accuracy), 0.0), MAX_ACCURACY)))
+
+
+def _rate(ops: float, wall_s: float) -> float:
+    return ops / wall_s if wall_s > 0 else 0.0
+
+
+def _number(record: dict[str, Any], key: str) -> float:
+    value = record.get(key)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
+
+
+def compute_score(records: Iterable[dict[str, Any]]) -> Score:
+    """The score of a ledger (a list of record dicts in file order)."""
+    records = list(records)
+    epochs = [r for r in records if r.get("type") == "epoch"]
+    total = sum(_number(r, "ops") for r in epochs)
+    aiperf = sum(_number(r, "aiperf_ops") for r in epochs)
+    wall = max((_number(r, "t") for r in epochs), default=0.0)
+    accuracies = [float(r["val_acc"]) for r in epochs if isinstance(r.get("val_acc"), (int, float))]
+    best = max(accuracies) if accuracies else None
+    quality = quality_factor(best)
+    started = {r.get("trial") for r in records if r.get("type") == "trial_start"}
+    completed = {r.get("trial") for r in records if r.get("type") == "trial_end" and r.get("status") == "completed"}
+    return Score(
+        total_ops=total,
+        train_ops=sum(_number(r, "train_ops") for r in epochs),
+        eval_ops=sum(_number(r, "eval_ops") for r in epochs),
+        aiperf_ops=aiperf,
+        wall_s=wall,
+        ops_per_s=_rate(total, wall),
+        best_val_acc=best,
+        quality=quality,
+        regulated=_rate(total, wall) * quality,
+        aiperf_regulated=_rate(aiperf, wall) * quality,
+        epochs=len(epochs),
+        trials_completed=len(completed),
+        trials_started=len(started),
+    )
+
+
+def score_timeline(records: Iterable[dict[str, Any]], interval_s: float | None = None) -> list[dict[str, Any]]:
+    """The score as it would have been had the run stopped at regular times (default ~100 points).
+
+    Each point ``t`` counts the epochs completed by ``t`` and divides by the master clock
+    at the last of them, exactly as :func:`compute_score` does for a ledger cut at ``t``.
+    """
+    records = list(records)
+    times = [_number(r, "t") for r in records if "t" in r]
+    end = max(times, default=0.0)
+    if end <= 0:
+        return []
+    if interval_s is None:
+        interval_s = end / TIMELINE_POINTS
+    if not interval_s > 0:
+        raise ValueError(f"interval_s must be positive, got {interval_s}")
+    epochs = sorted((r for r in records if r.get("type") == "epoch"), key=lambda r: _number(r, "t"))
+    epoch_t = [_number(r, "t") for r in epochs]
+    cumulative, best_so_far = [], []
+    ops, best = 0.0, None
+    for r in epochs:
+        ops += _number(r, "ops")
+        if isinstance(r.get("val_acc"), (int, float)):
+            best = float(r["val_acc"]) if best is None else max(best, float(r["val_acc"]))
+        cumulative.append(ops)
+        best_so_far.append(best)
+    count = math.ceil(end / interval_s - 1e-9)
+    points = []
+    for k in range(1, count + 1):
+        t = min(k * interval_s, end)
+        done = bisect.bisect_right(epoch_t, t)
+        total = cumulative[done - 1] if done else 0.0
+        wall = epoch_t[done - 1] if done else 0.0
+        acc = best_so_far[done - 1] if done else None
+        rate = _rate(total, wall)
+        points.append(
+            {
+                "t": t,
+                "total_ops": total,
+                "ops_per_s": rate,
+                "best_val_acc": acc,
+                "regulated": rate * quality_factor(acc),
+            }
+        )
+    return points
+
+
+def format_ops(value: float, unit: str = "OPS") -> str:
+    """``value`` with an SI prefix and three significant digits: ``12.3 GOPS``, ``1.05 TOPS``."""
+    if not math.isfinite(value):
+        return f"{value} {unit}"
+    if value == 0:
+        return f"0 {unit}"
+    sign = "-" if value < 0 else ""
+    magnitude = abs(value)
+    index = min(max(math.floor(math.log10(magnitude) / 3), 0), len(_PREFIXES) - 1)
+    mantissa = float(f"{magnitude / 1000**index:.3g}")
+    if mantissa >= 1000 and index < len(_PREFIXES) - 1:  # 999.96 G rounds up to 1 T
+        index += 1
+        mantissa = float(f"{magnitude / 1000**index:.3g}")
+    return f"{sign}{mantissa:.3g} {_PREFIXES[index]}{unit}"

@@ -1,0 +1,269 @@
+"""Train one trial, epoch by epoch, reporting as each epoch completes.
+
+Runs inside a long-lived worker process that already holds the dataset and an imported
+framework. Every hyperparameter of the trial is applied here and nowhere else: the
+learning rate and weight decay go into the optimizer, the batch size into ``fit``, the
+dropout rate into the built graph, the epoch count into the loop, and the kernel size
+already shaped the architecture the worker received.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from aiperf.backend import is_out_of_memory
+from aiperf.datasets.base import Dataset
+from aiperf.input_pipeline import TrainInput, eval_batch_size, predict_all
+from aiperf.model import apply_hparams, build_model, get_weights, set_weights
+from aiperf.trial import TrialSpec, Weights, inherit_weights
+
+ACTIVATION_MEMORY_FRACTION = 0.6
+
+
+@dataclass(frozen=True)
+class TrainerSettings:
+    """How this worker trains: fixed for its lifetime, chosen from the device it runs on."""
+
+    precision: str = "float32"
+    jit_compile: bool | str = False
+    bn_momentum: float = 0.9
+    momentum: float = 0.9
+    eval_batch_size: int = 512
+    max_batch_size: int = 4096
+    device_memory_bytes: int = 0  # 0: no device memory bound (CPU)
+    data_parallel: int = 1  # devices one trial trains on (per_node placement); batch sizes are per device
+
+
+def batch_limit(activation_bytes_per_image: float, device_memory_bytes: int, max_batch: int) -> int:
+    """Largest power-of-two batch whose training activations fit in a share of device memory."""
+    if device_memory_bytes <= 0 or activation_bytes_per_image <= 0:
+        return max_batch
+    fit = int(device_memory_bytes * ACTIVATION_MEMORY_FRACTION // activation_bytes_per_image)
+    if fit < 1:
+        return 1
+    return max(1, min(max_batch, 2 ** int(math.log2(fit))))
+
+
+def activation_bytes(graph: Any, precision: str) -> float:
+    """Bytes of activations kept for the backward pass per image (every node's output, x2 for grads)."""
+    width = 2 if "16" in precision else 4
+    return 2.0 * width * sum(math.prod(graph.shape(n.id)) for n in graph.nodes)
+
+
+class _FirstStepTimer:
+    """Keras callback that records when the first training step of a fit call ends (compile cost).
+
+    It listens for the *second* step's start rather than the first step's end: overriding
+    ``on_train_batch_end`` makes Keras synchronise with the device after every step.
+    """
+
+    def __init__(self, keras: Any) -> None:
+        outer = self
+
+        class _Callback(keras.callbacks.Callback):
+            def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+                if batch == 1 and outer.first_end is None:
+                    outer.first_end = time.perf_counter()
+
+        self.first_end: float | None = None
+        self.callback = _Callback()
+
+
+class TrialRunner:
+    """Trains trials on an in-memory dataset; one instance per worker, reused for every trial."""
+
+    def __init__(self, dataset: Dataset, settings: TrainerSettings, backend: str | None = None) -> None:
+        import keras
+
+        from aiperf.backend import DataParallel
+
+        self.dataset = dataset
+        self.settings = settings
+        self.last_model: Any = None  # the most recent trial's model, for inspection
+        self.backend = backend or keras.backend.backend()
+        self._parallel = DataParallel(self.backend, settings.data_parallel)
+
+    # -- pieces --------------------------------------------------------------------------------
+    def _compile(self, model: Any, hparams: dict[str, Any], steps_total: int, steps_done: int) -> None:
+        with self._parallel.scope():
+            self._compile_in_scope(model, hparams, steps_total, steps_done)
+
+    def _compile_in_scope(self, model: Any, hparams: dict[str, Any], steps_total: int, steps_done: int) -> None:
+        import keras
+
+        lr = float(hparams["learning_rate"])
+        schedule = keras.optimizers.schedules.CosineDecay(lr, decay_steps=max(1, steps_total), alpha=0.01)
+        optimizer = keras.optimizers.SGD(
+            learning_rate=schedule,
+            momentum=self.settings.momentum,
+            nesterov=True,
+            weight_decay=float(hparams["weight_decay"]) or None,
+        )
+        if float(hparams["weight_decay"]):
+            optimizer.exclude_from_weight_decay(var_names=["bias", "gamma", "beta"])
+        if self.settings.precision == "mixed_float16":
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+        model.compile(
+            optimizer=optimizer,
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+            jit_compile=self.settings.jit_compile,
+        )
+        if steps_done:
+            optimizer.build(model.trainable_variables)
+            optimizer.iterations.assign(steps_done)
+
+    def _build(self, graph: Any, weights: Weights | None) -> Any:
+        with self._parallel.scope():
+            return self._build_in_scope(graph, weights)
+
+    def _build_in_scope(self, graph: Any, weights: Weights | None) -> Any:
+        model = build_model(
+            graph,
+            dtype_policy=self.settings.precision,
+            bn_momentum=self.settings.bn_momentum,
+            pixel_scale=self.dataset.pixel_scale,
+            pixel_offset=self.dataset.pixel_offset,
+        )
+        if weights is not None:
+            set_weights(model, graph, weights)
+        return model
+
+    # -- the trial -----------------------------------------------------------------------------
+    def run(
+        self, spec: TrialSpec, parent_weights: Weights | None = None, resume_weights: Weights | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """Yield one ``{"type": "epoch", ...}`` per completed epoch, then ``{"type": "done", ...}``.
+
+        ``parent_weights`` are the inherited parent's trained weights (transformed here by
+        replaying the morphs); ``resume_weights`` are this trial's own last checkpoint when
+        a re-queued trial continues after ``spec.start_epoch`` epochs.
+        """
+        import keras
+
+        t0 = time.perf_counter()
+        self.last_model = None
+        keras.backend.clear_session()  # drop the previous trial's graphs before building this one
+        self._parallel.activate()  # clear_session also dropped a process-wide distribution
+        ds = self.dataset
+        graph = apply_hparams(spec.architecture(), spec.hparams)
+        keras.utils.set_random_seed(int(spec.seed) % (2**31))
+        if resume_weights is not None:
+            weights: Weights | None = resume_weights
+        elif parent_weights is not None:
+            weights = inherit_weights(spec, parent_weights)
+        else:
+            weights = None
+        requested = int(spec.hparams["batch_size"])
+        limit = batch_limit(
+            activation_bytes(graph, self.settings.precision),
+            self.settings.device_memory_bytes,
+            self.settings.max_batch_size,
+        )
+        replicas = max(1, self.settings.data_parallel)  # batch sizes are per device; the global batch scales
+        batch = max(replicas, min(requested, limit, max(1, ds.train_size // replicas)) * replicas)
+        feed = TrainInput(ds.x_train, ds.y_train, batch, spec.seed, self.backend)
+        steps_per_epoch = feed.steps
+        epochs = spec.epochs
+        model = self._build(graph, weights)
+        self._compile(model, spec.hparams, steps_per_epoch * epochs, steps_per_epoch * spec.start_epoch)
+        self.last_model = model
+        startup_s = time.perf_counter() - t0
+        precision = model.get_layer(graph.nodes[1].label).dtype_policy.name
+        oom_retries = 0
+        first_step_s = None
+        best = None
+        for epoch in range(spec.start_epoch + 1, epochs + 1):
+            while True:
+                timer = _FirstStepTimer(keras)
+                t_fit = time.perf_counter()
+                try:
+                    hist = model.fit(**feed.fit_kwargs(epoch), epochs=1, verbose=0, callbacks=[timer.callback])
+                    break
+                except Exception as exc:
+                    if not is_out_of_memory(exc) or batch <= replicas:
+                        raise
+                    # Shrink and retry the epoch from its starting weights; the lost partial epoch is not reported.
+                    oom_retries += 1
+                    batch = max(replicas, batch // 2 // replicas * replicas)
+                    feed = TrainInput(ds.x_train, ds.y_train, batch, spec.seed, self.backend)
+                    steps_per_epoch = feed.steps
+                    del model
+                    keras.backend.clear_session()
+                    self._parallel.activate()
+                    model = self._build(graph, weights)
+                    self._compile(model, spec.hparams, steps_per_epoch * epochs, steps_per_epoch * (epoch - 1))
+                    self.last_model = model
+            train_s = time.perf_counter() - t_fit
+            if first_step_s is None and timer.first_end is not None:
+                first_step_s = timer.first_end - t_fit
+            t_eval = time.perf_counter()
+            eval_batch = eval_batch_size(ds.val_size, max(batch, self.settings.eval_batch_size), replicas)
+            logits = predict_all(model, ds.x_val, eval_batch)
+            eval_s = time.perf_counter() - t_eval
+            val_loss, val_acc = classification_metrics(logits, ds.y_val)
+            best = val_acc if best is None else max(best, val_acc)
+            last = epoch == epochs
+            record: dict[str, Any] = {
+                "type": "epoch",
+                "epoch": epoch,
+                "train_images": feed.images,
+                "eval_images": int(ds.val_size),
+                "train_acc": float(hist.history["accuracy"][-1]),
+                "train_loss": float(hist.history["loss"][-1]),
+                "val_acc": val_acc,
+                "val_loss": val_loss,
+                "steps": feed.steps,
+                "train_s": train_s,
+                "eval_s": eval_s,
+                "data_wait_s": None,  # resident arrays: there is no input pipeline to wait on
+                "batch_size": batch,
+                "precision": precision,
+                "oom_retries": oom_retries,
+                "window": (t_fit, t_eval + eval_s),  # this process's perf_counter: first step to last step
+            }
+            weights = get_weights(model, graph)  # also the restart point should the next epoch run out of memory
+            if spec.checkpoint_every_epoch and not last:
+                record["weights"] = weights
+            yield record
+        yield {
+            "type": "done",
+            "weights": weights,
+            "startup_s": startup_s,
+            "first_step_s": first_step_s,
+            "best_val_acc": best,
+            "batch_size": batch,
+            "requested_batch_size": requested,
+            "precision": precision,
+        }
+        del model
+
+
+def classification_metrics(logits: np.ndarray, labels: np.ndarray) -> tuple[float, float]:
+    """Mean cross-entropy and top-1 accuracy of logits against integer labels.
+
+    Evaluation runs ``predict`` and scores on the host: the same numbers as Keras's
+    ``evaluate``, but it also works under data-parallel strategies that cannot evaluate
+    a final batch that does not split evenly across replicas.
+    """
+    z = np.asarray(logits, dtype=np.float64)
+    z = z - z.max(axis=1, keepdims=True)
+    log_norm = np.log(np.exp(z).sum(axis=1))
+    labels = np.asarray(labels).astype(np.int64)
+    loss = float(np.mean(log_norm - z[np.arange(len(labels)), labels]))
+    acc = float(np.mean(np.argmax(z, axis=1) == labels))
+    return loss, acc
+
+
+def evaluate_weights(dataset: Dataset, graph: Any, weights: Weights, settings: TrainerSettings) -> float:
+    """Validation accuracy of given weights (used by tests and by the verify tooling)."""
+    runner = TrialRunner(dataset, settings)
+    model = runner._build(graph, weights)
+    logits = predict_all(model, dataset.x_val, eval_batch_size(dataset.val_size, settings.eval_batch_size))
+    return float(np.mean(np.argmax(logits, axis=-1) == dataset.y_val))

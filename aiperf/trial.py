@@ -1,0 +1,70 @@
+"""What crosses the process boundary between the master and a worker for one trial.
+
+A :class:`TrialSpec` carries everything a worker needs to train a trial reproducibly on
+any node: the architecture, its hyperparameters, and — for weight inheritance — the
+parent's architecture and the morph list, so the worker itself turns the parent's trained
+weights into the child's (the master never spends CPU on weight surgery).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from nas.errors import NasError
+from nas.graph import Graph
+from nas.morph import Morph, apply_morph
+from nas.serialize import graph_from_dict
+
+Weights = dict[int, list[np.ndarray]]
+
+
+@dataclass
+class TrialSpec:
+    """One trial as the worker sees it; plain data with one (dict) serialisation."""
+
+    trial_id: str
+    kind: str
+    graph: dict[str, Any]
+    hparams: dict[str, Any]
+    seed: int
+    parent_graph: dict[str, Any] | None = None  # set when weights are inherited
+    morphs: list[dict[str, Any]] = field(default_factory=list)
+    attempt: int = 0
+    start_epoch: int = 0  # epochs already completed (re-queued trial resuming from a checkpoint)
+    checkpoint_every_epoch: bool = True
+
+    @property
+    def epochs(self) -> int:
+        return int(self.hparams["epochs"])
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrialSpec:
+        return cls(**data)
+
+    def architecture(self) -> Graph:
+        return graph_from_dict(self.graph)
+
+
+def inherit_weights(spec: TrialSpec, parent_weights: Weights) -> Weights:
+    """Replay the spec's morphs on the parent's trained weights, giving function-preserving child weights.
+
+    The replay is seeded by the trial seed so every retry of the trial starts identically.
+    Raises NasError if the replayed architecture is not the spec's (a corrupted lineage).
+    """
+    if spec.parent_graph is None:
+        raise NasError(f"trial {spec.trial_id}: inherits weights but carries no parent architecture")
+    graph = graph_from_dict(spec.parent_graph)
+    weights: Weights = parent_weights
+    rng = np.random.default_rng(spec.seed)
+    for raw in spec.morphs:
+        graph, weights = apply_morph(graph, Morph.from_dict(raw), weights, rng)
+    target = spec.architecture()
+    if graph.key() != target.key() or [n.id for n in graph.nodes] != [n.id for n in target.nodes]:
+        raise NasError(f"trial {spec.trial_id}: replaying the lineage does not give the proposed architecture")
+    return weights

@@ -1,0 +1,104 @@
+"""Trained weights the master keeps so that children can inherit them.
+
+Only the best ``capacity`` trials are kept (children are proposed from good parents);
+each kept set is also written to the run directory so ``--resume`` can still hand them to
+children after a master restart. Weights reach workers through the pool (Ray's object
+store), never through a shared filesystem.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+Weights = dict[int, list[np.ndarray]]
+
+
+def save_weights(weights: Weights, path: Path) -> None:
+    """Write atomically (temp file + rename) so a crash never leaves a half-written file."""
+    arrays = {f"{node}:{k}": a for node, arrs in weights.items() for k, a in enumerate(arrs)}
+    tmp = path.with_suffix(".tmp.npz")
+    with open(tmp, "wb") as fh:
+        np.savez(fh, **arrays)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def load_weights(path: Path) -> Weights:
+    out: Weights = {}
+    with np.load(path) as data:
+        keys = sorted(data.files, key=lambda k: (int(k.split(":")[0]), int(k.split(":")[1])))
+        for key in keys:
+            node = int(key.split(":")[0])
+            out.setdefault(node, []).append(data[key])
+    return out
+
+
+class WeightStore:
+    """The best trials' weights, in memory and on disk; lookups by trial id."""
+
+    def __init__(self, capacity: int, directory: str | Path | None = None) -> None:
+        self.capacity = capacity
+        self.directory = Path(directory) if directory else None
+        if self.directory:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        self._weights: dict[str, Weights] = {}
+        self._score: dict[str, float] = {}
+        self._refs: dict[str, Any] = {}
+
+    def __contains__(self, trial: str) -> bool:
+        return trial in self._weights
+
+    def __len__(self) -> int:
+        return len(self._weights)
+
+    def put(self, trial: str, weights: Weights, score: float) -> bool:
+        """Keep ``weights`` if they rank among the best; returns whether they were kept."""
+        if len(self._weights) >= self.capacity:
+            worst = min(self._score, key=lambda t: (self._score[t], t))
+            if self._score[worst] >= score:
+                return False
+            self._evict(worst)
+        self._weights[trial] = weights
+        self._score[trial] = score
+        if self.directory:
+            save_weights(weights, self.directory / f"{trial}.npz")
+        return True
+
+    def _evict(self, trial: str) -> None:
+        self._weights.pop(trial, None)
+        self._score.pop(trial, None)
+        self._refs.pop(trial, None)
+        if self.directory:
+            (self.directory / f"{trial}.npz").unlink(missing_ok=True)
+
+    def get(self, trial: str) -> Weights | None:
+        return self._weights.get(trial)
+
+    def shared(self, trial: str, put: Any) -> Any:
+        """A handle to hand to workers (e.g. a Ray object ref), created once per trial."""
+        if trial not in self._weights:
+            return None
+        if trial not in self._refs:
+            self._refs[trial] = put(self._weights[trial])
+        return self._refs[trial]
+
+    def reload(self, scores: dict[str, float]) -> int:
+        """After a restart: load the kept sets still on disk for trials with known scores."""
+        if not self.directory:
+            return 0
+        loaded = 0
+        for path in sorted(self.directory.glob("t*.npz")):
+            trial = path.stem
+            if trial in scores and trial not in self._weights:
+                try:
+                    self._weights[trial] = load_weights(path)
+                except (OSError, ValueError, KeyError):
+                    continue
+                self._score[trial] = scores[trial]
+                loaded += 1
+        return loaded

@@ -1,0 +1,184 @@
+"""`aiperf run` end to end through the CLI: a real smoke run, bad input, and killing a run."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, aiperf_cmd, cli_env
+
+from aiperf.ledger import read_ledger, record_hash
+
+pytestmark = pytest.mark.slow
+
+
+def test_smoke_run_trains_distinct_architectures_and_scores(smoke_run):
+    run_dir, proc = smoke_run
+    out = proc.stdout
+    assert "plan: 2 concurrent trials" in out, "the 2-core box must run at least two trials at once"
+    assert "score (OPS)" in out and "verdict" in out
+    records = read_ledger(run_dir)
+    assert records[0]["type"] == "run_start" and records[-1]["type"] == "run_stop"
+    for prev, rec in itertools.pairwise(records):
+        assert rec["prev"] == prev["hash"] and rec["hash"] == record_hash(rec)
+    epochs = [r for r in records if r["type"] == "epoch"]
+    trained = {r["trial"] for r in epochs}
+    archs = {r["arch_id"] for r in records if r["type"] == "trial_start" and r["trial"] in trained}
+    assert len(archs) >= 3, f"only {len(archs)} distinct architectures were trained"
+    # Two trials really overlapped in time on different workers.
+    starts = {r["trial"]: (r["t"], r["worker"]) for r in records if r["type"] == "trial_start"}
+    ends = {r["trial"]: r["t"] for r in records if r["type"] == "trial_end"}
+    overlapping = [
+        (a, b)
+        for a in starts
+        for b in starts
+        if a < b and starts[a][1] != starts[b][1] and starts[a][0] < ends[b] and starts[b][0] < ends[a]
+    ]
+    assert overlapping
+    summary = json.loads((run_dir / "summary.json").read_text())
+    score = summary["score"]
+    assert score["total_ops"] == pytest.approx(sum(r["ops"] for r in epochs))
+    assert score["wall_s"] == pytest.approx(max(r["t"] for r in epochs))
+    assert score["ops_per_s"] == pytest.approx(score["total_ops"] / score["wall_s"])
+    assert score["best_val_acc"] == pytest.approx(max(r["val_acc"] for r in epochs))
+    assert summary["precision"] == ["float32"]
+    assert summary["verdict"]["headline"].startswith(("valid", "invalid"))
+    # Every trial's hyperparameters are on record next to its architecture.
+    for r in records:
+        if r["type"] == "trial_start":
+            assert set(r["hparams"]) == {
+                "learning_rate",
+                "batch_size",
+                "weight_decay",
+                "dropout",
+                "kernel_size",
+                "epochs",
+            }
+            assert r["graph"]["format"] == "aiperf-graph"
+
+
+def _cli(*args, timeout=120):
+    return subprocess.run(aiperf_cmd(*args), capture_output=True, text=True, env=cli_env(), timeout=timeout, cwd=REPO)
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["run", "--set", "train.batch_size=0"], "train.batch_size"),
+        (["run", "--set", "search.bogus=1"], "search.bogus: unknown key"),
+        (["run", "--config", "/nonexistent/x.yaml"], "no such file"),
+        (["run", "--bogus-flag"], "unrecognized arguments"),
+        (["run", "--set", "dataset.name=cifar10", "--set", "dataset.path=/nonexistent/cifar"], "/nonexistent/cifar"),
+        (["run", "--set", "dataset.name=fashion_mnist", "--set", "dataset.path=/nonexistent/fm"], "/nonexistent/fm"),
+        (["run", "--resume", "/nonexistent/run"], "no such run directory"),
+        (["flops", "/nonexistent/arch.json"], "no such file"),
+        (["summary", "/tmp"], "not a run directory"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args, fragment, tmp_path):
+    proc = (
+        _cli(*args, "--set", f"run.results_dir={tmp_path}")
+        if args[0] == "run" and "--resume" not in args
+        else _cli(*args)
+    )
+    assert proc.returncode == 2, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert fragment in lines[0]
+    assert "Traceback" not in proc.stderr
+    assert not any(tmp_path.iterdir()), "a rejected run must not create a run directory"
+
+
+def test_corrupt_dataset_file_names_the_file(tmp_path):
+    folder = tmp_path / "cifar"
+    folder.mkdir()
+    for name in ("data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4", "data_batch_5", "test_batch"):
+        (folder / name).write_bytes(b"\x80\x04not really a pickle")
+    proc = _cli(
+        "run",
+        "--set",
+        "dataset.name=cifar10",
+        "--set",
+        f"dataset.path={folder}",
+        "--set",
+        f"run.results_dir={tmp_path / 'res'}",
+    )
+    assert proc.returncode == 2
+    assert "data_batch_1" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def _start_run(tmp_path: Path, budget: int = 120) -> tuple[subprocess.Popen, Path]:
+    proc = subprocess.Popen(
+        aiperf_cmd(
+            "run", "--config", "smoke", "--set", f"run.results_dir={tmp_path}", "--set", f"run.time_budget_s={budget}"
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli_env(),
+        cwd=REPO,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        runs = [p for p in tmp_path.iterdir() if p.is_dir()]
+        if runs and (runs[0] / "ledger.jsonl").exists():
+            records = read_ledger(runs[0])
+            if sum(r["type"] == "epoch" for r in records) >= 3:
+                return proc, runs[0]
+        if proc.poll() is not None:
+            pytest.fail(f"the run ended early: {proc.stdout.read()[-2000:]} {proc.stderr.read()[-2000:]}")
+        time.sleep(0.5)
+    proc.kill()
+    pytest.fail("no epoch completed within 240 s")
+
+
+def test_sigterm_stops_cleanly_with_a_summary(tmp_path):
+    proc, run_dir = _start_run(tmp_path)
+    before = read_ledger(run_dir)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    records = read_ledger(run_dir)
+    assert records[: len(before)] == before, "records written before the signal changed"
+    assert records[-1]["type"] == "run_stop" and records[-1]["status"] == "interrupted"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted"
+    assert summary["trials"]["epochs_counted"] == sum(r["type"] == "epoch" for r in records)
+    assert "verdict" in out
+
+
+def test_sigkill_keeps_every_completed_epoch(tmp_path):
+    proc, run_dir = _start_run(tmp_path)
+    time.sleep(2.0)
+    before = read_ledger(run_dir)
+    import os
+
+    os.killpg(proc.pid, signal.SIGKILL)  # the CLI and everything it started
+    proc.wait(timeout=30)
+    records = read_ledger(run_dir)
+    assert len(records) >= len(before)
+    assert records[: len(before)] == before
+    for prev, rec in itertools.pairwise(records):
+        assert rec["prev"] == prev["hash"]
+    assert not any(r["type"] == "run_stop" for r in records)
+    # The summary can still be computed from what was kept.
+    done = _cli("summary", str(run_dir))
+    assert done.returncode == 0, done.stderr
+    assert "running or killed" in done.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["trials"]["epochs_counted"] == sum(r["type"] == "epoch" for r in records) >= 3
+
+
+def test_a_completed_run_cannot_be_resumed(smoke_run):
+    run_dir, _ = smoke_run
+    before = (run_dir / "ledger.jsonl").read_bytes()
+    proc = _cli("run", "--resume", str(run_dir))
+    assert proc.returncode == 2
+    assert "already completed" in proc.stderr and "Traceback" not in proc.stderr
+    assert (run_dir / "ledger.jsonl").read_bytes() == before

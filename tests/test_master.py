@@ -1,0 +1,239 @@
+"""The master loop against an in-process simulated pool: bookkeeping, faults, budget, determinism."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from aiperf.cluster.sim_pool import HybridClock, SimulatedWorkerPool
+from aiperf.config import load_config
+from aiperf.ledger import LedgerWriter, read_ledger
+from aiperf.master import Master, MasterSettings
+from aiperf.run import make_search
+from aiperf.score import compute_score
+from aiperf.summary import summarize
+from aiperf.weights import WeightStore
+from nas import zoo
+
+
+def _run(
+    tmp_path,
+    workers=4,
+    budget=200.0,
+    epoch_s=5.0,
+    kills=(),
+    max_trials=None,
+    failure_fn=None,
+    seed=0,
+    stop_at=None,
+    queue_depth=2,
+):
+    cfg = load_config("smoke", [f"run.seed={seed}"])
+    proposer = make_search(cfg, zoo.small_resnet((8, 8, 1), 10, width=8), 64)
+    clock = HybridClock()
+    pool = SimulatedWorkerPool(workers, clock, nodes=2, epoch_s=epoch_s, failure_fn=failure_fn, queue_depth=queue_depth)
+    for worker, at in kills:
+        pool.kill_worker_at(worker, at)
+    ledger = LedgerWriter(tmp_path)
+    ledger.append(
+        "run_start",
+        t=0.0,
+        run_id="sim",
+        config=cfg.to_dict(),
+        plan=pool.plan.to_dict(),
+        dataset={"name": "sim", "split": {"disjoint": True}},
+        rules=cfg.rules.model_dump(),
+    )
+    settings = MasterSettings(time_budget_s=budget, max_trials=max_trials, seed=seed)
+    master = Master(settings, proposer, pool, ledger, WeightStore(16), clock=clock)
+    if stop_at is not None:
+        original = pool.wait
+
+        def wait(timeout):
+            if clock() >= stop_at:
+                master.request_stop("test stop")
+            return original(timeout)
+
+        pool.wait = wait
+    outcome = master.run()
+    ledger.append("run_stop", t=clock(), status=outcome.status, reason=outcome.reason)
+    ledger.close()
+    return outcome, read_ledger(tmp_path)
+
+
+def _check_consistent(records):
+    started = {r["trial"] for r in records if r["type"] == "trial_start"}
+    ended = Counter(r["trial"] for r in records if r["type"] == "trial_end")
+    epochs = [(r["trial"], r["epoch"]) for r in records if r["type"] == "epoch"]
+    assert all(t in started for t, _ in epochs), "an epoch of a trial that never started"
+    assert len(epochs) == len(set(epochs)), "an epoch was counted twice"
+    assert all(n == 1 for n in ended.values()), "a trial ended twice"
+    assert set(ended) == started, "every started trial has exactly one end"
+    times = [r["t"] for r in records]
+    assert times == sorted(times), "master clock went backwards"
+
+
+def test_run_keeps_every_worker_busy_and_ledger_consistent(tmp_path):
+    outcome, records = _run(tmp_path, workers=4, budget=200.0)
+    assert outcome.status == "completed"
+    _check_consistent(records)
+    starts = [r for r in records if r["type"] == "trial_start"]
+    assert len({r["arch_id"] for r in starts}) >= 10
+    # With a queue depth of 2 the next trial is already waiting: no worker ever sits idle between trials.
+    workers = [r for r in records if r["type"] == "worker"]
+    assert len(workers) == 4
+    for w in workers:
+        assert w["idle_gaps"]["max_s"] is not None and w["idle_gaps"]["max_s"] < 0.5
+        assert w["busy_fraction"] > 0.9
+    score = compute_score(records)
+    last_epoch = max(r["t"] for r in records if r["type"] == "epoch")
+    assert score.wall_s == pytest.approx(last_epoch)
+    assert score.total_ops == pytest.approx(sum(r["ops"] for r in records if r["type"] == "epoch"))
+
+
+def test_children_inherit_from_completed_parents_only(tmp_path):
+    _, records = _run(tmp_path, workers=2, budget=150.0)
+    completed_at = {r["trial"]: r["t"] for r in records if r["type"] == "trial_end" and r["status"] == "completed"}
+    inheriting = [r for r in records if r["type"] == "trial_start" and r["inherit"]]
+    assert inheriting, "no trial inherited weights"
+    for r in inheriting:
+        assert r["inherit"] in completed_at and completed_at[r["inherit"]] <= r["t"]
+        assert r["morphs"] or r["kind"] == "tune"
+
+
+def test_worker_death_requeues_from_the_last_completed_epoch(tmp_path):
+    # Epochs of 5 s and 2-epoch trials: at t=12 the worker is inside some trial's second epoch.
+    _outcome, records = _run(tmp_path, workers=3, budget=120.0, kills=[("w00001", 12.0)])
+    _check_consistent(records)
+    requeues = [r for r in records if r["type"] == "requeue"]
+    assert len(requeues) == 1
+    rq = requeues[0]
+    trial = rq["trial"]
+    assert rq["attempt"] == 1
+    first_epochs = [r for r in records if r["type"] == "epoch" and r["trial"] == trial and r["attempt"] == 0]
+    assert rq["from_epoch"] == len(first_epochs)
+    resumed = [r for r in records if r["type"] == "trial_start" and r["trial"] == trial]
+    assert [r["attempt"] for r in resumed] == [0, 1]
+    assert resumed[1]["start_epoch"] == rq["from_epoch"]
+    assert resumed[1]["worker"] != "w00001"
+    end = next(r for r in records if r["type"] == "trial_end" and r["trial"] == trial)
+    assert end["status"] in ("completed", "stopped")
+    lost = [r for r in records if r["type"] == "worker" and r["worker"] == "w00001"]
+    assert lost and "death" in lost[0]["retired"]
+    # The dead worker gets no more work.
+    assert not [r for r in records if r["type"] == "trial_start" and r["worker"] == "w00001" and r["t"] > 12.0]
+
+
+def test_a_trial_requeued_just_before_the_end_is_still_closed(tmp_path):
+    # The worker dies 3 s before the budget: its trial is re-queued but never starts again.
+    _, records = _run(tmp_path, workers=2, budget=100.0, kills=[("w00001", 97.0)])
+    _check_consistent(records)
+    requeued = {r["trial"] for r in records if r["type"] == "requeue"}
+    assert requeued
+    ends = {r["trial"]: r for r in records if r["type"] == "trial_end"}
+    for trial in requeued:
+        assert ends[trial]["status"] == "stopped"
+
+
+def test_trial_cap_ends_the_run_when_all_trials_finish(tmp_path):
+    outcome, records = _run(tmp_path, workers=3, budget=10_000.0, max_trials=7)
+    assert outcome.status == "completed" and "7 trials" in outcome.reason
+    ends = [r for r in records if r["type"] == "trial_end"]
+    assert len(ends) == 7 and all(r["status"] == "completed" for r in ends)
+
+
+def test_failing_trials_are_recorded_and_the_run_goes_on(tmp_path):
+    def fail_tune(spec):
+        return "ValueError: loss became NaN" if spec.kind == "tune" else None
+
+    _, records = _run(tmp_path, workers=2, budget=150.0, failure_fn=fail_tune)
+    _check_consistent(records)
+    failed = [r for r in records if r["type"] == "trial_end" and r["status"] == "failed"]
+    assert failed and all("NaN" in r["reason"] for r in failed)
+    assert [r for r in records if r["type"] == "trial_end" and r["status"] == "completed"]
+
+
+def test_stop_request_interrupts_cleanly(tmp_path):
+    outcome, records = _run(tmp_path, workers=2, budget=1000.0, stop_at=30.0)
+    assert outcome.status == "interrupted"
+    _check_consistent(records)
+    summary = summarize(records)
+    assert summary["status"] == "interrupted"
+    assert summary["score"]["wall_s"] <= 40.0
+
+
+def test_same_seed_on_one_worker_proposes_the_same_trials(tmp_path):
+    def sequence(path):
+        _, records = _run(path, workers=1, budget=120.0, queue_depth=1)
+        return [
+            (r["arch_id"], r["kind"], r["parent"], tuple(r["lineage"]), tuple(sorted(r["hparams"].items())))
+            for r in records
+            if r["type"] == "trial_start"
+        ]
+
+    a = sequence(tmp_path / "a")
+    b = sequence(tmp_path / "b")
+    assert len(a) >= 5
+    assert a == b
+
+
+def test_free_workers_kept_in_order_match_a_sort_of_all_workers():
+    from aiperf.cluster.pool import FreeWorkers
+
+    rng = np.random.default_rng(0)
+    free = FreeWorkers()
+    state: dict[str, tuple | None] = {}
+    for _ in range(2000):
+        worker = f"w{int(rng.integers(50)):04d}"
+        group = None if rng.random() < 0.3 else (bool(rng.integers(2)), int(rng.integers(3)))
+        free.update(worker, group)
+        state[worker] = group
+        expected = sorted((g, w) for w, g in state.items() if g is not None)
+        assert free.ordered() == [w for _, w in expected]
+
+
+def test_the_simulated_pool_lists_free_workers_as_a_full_sort_would(tmp_path, monkeypatch):
+    checked = []
+    original = SimulatedWorkerPool.free_workers
+
+    def checked_free_workers(pool):
+        alive = [w for w in pool._workers.values() if w.alive and len(w.queue) < pool.queue_depth]
+        expected = [w.worker_id for w in sorted(alive, key=lambda w: (len(w.queue), w.worker_id))]
+        listed = original(pool)
+        assert listed == expected
+        checked.append(len(listed))
+        return listed
+
+    monkeypatch.setattr(SimulatedWorkerPool, "free_workers", checked_free_workers)
+    _run(tmp_path, workers=5, budget=120.0, kills=[("w00002", 30.0)])
+    assert len(checked) > 20 and max(checked) == 5
+
+
+def test_every_record_is_durable_before_the_master_submits_more_work(tmp_path, monkeypatch):
+    import aiperf.ledger as ledger_module
+
+    ledger_path = tmp_path / "ledger.jsonl"
+    synced = {"size": 0, "count": 0}
+    real_fsync = ledger_module.os.fsync
+
+    def recording_fsync(fd):
+        real_fsync(fd)
+        synced["size"] = ledger_path.stat().st_size
+        synced["count"] += 1
+
+    monkeypatch.setattr(ledger_module.os, "fsync", recording_fsync)
+    submits = []
+    original = SimulatedWorkerPool.submit
+
+    def checked_submit(pool, *args, **kwargs):
+        assert synced["size"] == ledger_path.stat().st_size, "submitted work on records not yet durable"
+        submits.append(args[1])
+        return original(pool, *args, **kwargs)
+
+    monkeypatch.setattr(SimulatedWorkerPool, "submit", checked_submit)
+    _, records = _run(tmp_path, workers=6, budget=150.0, epoch_s=2.0)
+    assert len(submits) > 20
+    assert synced["size"] == ledger_path.stat().st_size  # run_stop and all before it are durable
+    assert synced["count"] < len(records)  # and records did share fsyncs

@@ -1,0 +1,176 @@
+"""The MLPerf-style log: MLPerf's line format and keys, paired epoch intervals, live and resumable writing."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from aiperf.ledger import LedgerWriter, read_ledger
+from aiperf.mllog import MLLOG_NAME, PREFIX, attach, parse, render
+from aiperf.score import compute_score
+
+HEADER_KEYS = ["submission_benchmark", "submission_org", "submission_division", "submission_status",
+               "submission_platform", "number_of_nodes", "accelerators_per_node", "train_samples", "eval_samples",
+               "run_start", "run_stop"]  # fmt: skip
+
+
+def _events(lines):
+    events = [parse(line) for line in lines]
+    assert all(e is not None for e in events)
+    return events
+
+
+def test_every_line_has_mlperfs_prefix_and_field_order(sim_run):
+    lines = (sim_run / MLLOG_NAME).read_text().splitlines()
+    assert lines and all(line.startswith(PREFIX) for line in lines)
+    for line in lines:
+        assert list(json.loads(line[len(PREFIX) :])) == ["namespace", "time_ms", "event_type", "key", "value",
+                                                           "metadata"]  # fmt: skip
+    events = _events(lines)
+    assert {e["event_type"] for e in events} == {"INTERVAL_START", "INTERVAL_END", "POINT_IN_TIME"}
+    records = {r["seq"]: r for r in read_ledger(sim_run)}
+    for e in events:  # each line is stamped with the wall time of the ledger record it came from
+        assert e["time_ms"] == int(records[e["metadata"]["seq"]]["wall"] * 1000)
+
+
+def test_the_log_written_during_the_run_is_the_log_of_the_ledger(sim_run):
+    assert (sim_run / MLLOG_NAME).read_text().splitlines() == render(read_ledger(sim_run))
+
+
+def test_header_and_run_interval_follow_mlperf(sim_run):
+    events = _events((sim_run / MLLOG_NAME).read_text().splitlines())
+    counts = Counter(e["key"] for e in events)
+    for key in HEADER_KEYS:
+        assert counts[key] == 1, key
+    by_key = {e["key"]: e for e in events}
+    assert by_key["number_of_nodes"]["value"] == 2
+    assert by_key["accelerators_per_node"]["value"] == 0
+    assert by_key["submission_division"]["value"] in ("open", "closed")
+    assert by_key["submission_status"]["value"] in ("cloud", "onprem", "preview", "research")
+    assert by_key["train_samples"]["value"] == 1438 and by_key["eval_samples"]["value"] == 359
+    keys = [e["key"] for e in events]
+    assert keys.index("run_start") < keys.index("epoch_start")
+    assert events[-1]["key"] == "run_stop" and events[-1]["event_type"] == "INTERVAL_END"
+    # The simulated accuracy (~0.7) stays below the smoke config's 0.8: MLPerf calls that "aborted".
+    assert events[-1]["metadata"]["status"] == "aborted"
+    score = compute_score(read_ledger(sim_run))
+    assert by_key["aiperf_score"]["value"] == pytest.approx(score.regulated)
+
+
+def test_every_epoch_interval_is_opened_once_and_closed_once(sim_run):
+    events = _events((sim_run / MLLOG_NAME).read_text().splitlines())
+    open_epochs: set[tuple] = set()
+    closed = Counter()
+    counted_ops = 0.0
+    for e in events:
+        m = e["metadata"]
+        key = (m.get("trial"), m.get("attempt"), m.get("epoch_num"))
+        if e["key"] == "epoch_start":
+            assert key not in open_epochs, f"{key} opened twice"
+            open_epochs.add(key)
+        elif e["key"] == "epoch_stop":
+            assert key in open_epochs, f"{key} closed without being opened"
+            open_epochs.remove(key)
+            closed[key] += 1
+            counted_ops += m["ops"] if m["counted"] else 0.0
+    assert not open_epochs, f"left open: {open_epochs}"
+    assert all(n == 1 for n in closed.values())
+    records = read_ledger(sim_run)
+    epochs = [r for r in records if r["type"] == "epoch"]
+    accuracies = [e["value"] for e in events if e["key"] == "eval_accuracy"]
+    assert accuracies == [r["val_acc"] for r in epochs]
+    assert counted_ops == pytest.approx(sum(r["ops"] for r in epochs))
+
+
+def _header(ledger, min_accuracy=0.5):
+    ledger.append("run_start", t=0.0, run_id="r", config={"run": {"seed": 3}}, rules={"min_accuracy": min_accuracy},
+                  dataset={"name": "d", "train_images": 10, "eval_images": 5},
+                  plan={"nodes": [{"gpus": 4, "cpus": 32, "accelerator": "H100"}] * 2})  # fmt: skip
+
+
+def _trial_start(ledger, attempt=0, start_epoch=0):
+    ledger.append("trial_start", trial="t00000", kind="seed", attempt=attempt, start_epoch=start_epoch,
+                  hparams={"epochs": 2}, worker="w0")  # fmt: skip
+
+
+def _epoch(ledger, epoch, attempt=0):
+    ledger.append("epoch", trial="t00000", epoch=epoch, attempt=attempt, ops=100.0, aiperf_ops=90.0, train_ops=80.0,
+                  eval_ops=20.0, val_acc=0.6 + 0.1 * epoch)  # fmt: skip
+
+
+def test_lines_are_on_disk_as_soon_as_their_record_is_appended(tmp_path):
+    path = tmp_path / MLLOG_NAME
+    ledger = LedgerWriter(tmp_path)
+    _header(ledger)
+    attach(tmp_path, ledger)
+    keys = lambda: [parse(line)["key"] for line in path.read_text().splitlines()]  # noqa: E731
+    assert keys()[-1] == "run_start" and "accelerators_per_node" in keys()
+    _trial_start(ledger)
+    assert keys()[-1] == "epoch_start"
+    _epoch(ledger, 1)
+    assert keys()[-3:] == ["eval_accuracy", "epoch_stop", "epoch_start"]
+    ledger.append("requeue", trial="t00000", attempt=1, from_epoch=1, reason="node died")
+    last = parse(path.read_text().splitlines()[-1])
+    assert last["key"] == "epoch_stop" and last["metadata"]["counted"] is False and "node died" in last["metadata"][
+        "reason"]  # fmt: skip
+    _trial_start(ledger, attempt=1, start_epoch=1)
+    first_of_attempt = parse(path.read_text().splitlines()[-1])
+    assert first_of_attempt["metadata"]["epoch_num"] == 2 and first_of_attempt["metadata"]["attempt"] == 1
+    _epoch(ledger, 2, attempt=1)
+    ledger.append("trial_end", trial="t00000", status="completed")
+    ledger.append("run_stop", status="completed", reason="time budget reached")
+    ledger.close()
+    events = _events(path.read_text().splitlines())
+    assert events[-1]["metadata"]["status"] == "success"  # completed and 0.8 >= min_accuracy 0.5
+    by_key = {e["key"]: e for e in events}
+    assert by_key["number_of_nodes"]["value"] == 2 and by_key["accelerators_per_node"]["value"] == 4
+    assert by_key["seed"]["value"] == 3
+    assert path.read_text().splitlines() == render(read_ledger(tmp_path))
+
+
+def test_a_resumed_run_continues_the_log_without_repeating_it(tmp_path):
+    path = tmp_path / MLLOG_NAME
+    ledger = LedgerWriter(tmp_path)
+    _header(ledger)
+    attach(tmp_path, ledger)
+    _trial_start(ledger)
+    _epoch(ledger, 1)
+    ledger.close()  # the master dies here; its log also lost half a line
+    with open(path, "ab") as fh:
+        fh.write(b':::MLLOG {"namespace": "", "ti')
+    resumed = LedgerWriter(tmp_path)
+    attach(tmp_path, resumed)
+    resumed.append("resume", gap_s=12.5, from_seq=2)
+    resumed.append("trial_end", trial="t00000", status="lost", reason="the master stopped while it ran")
+    resumed.append("run_stop", status="completed", reason="time budget reached")
+    resumed.close()
+    lines = path.read_text().splitlines()
+    assert lines == render(read_ledger(tmp_path))
+    assert Counter(parse(line)["key"] for line in lines)["run_start"] == 1
+    assert any(parse(line)["key"] == "aiperf_resume" for line in lines)
+
+
+def test_a_log_that_disagrees_with_the_ledger_is_rewritten_from_it(tmp_path):
+    ledger = LedgerWriter(tmp_path)
+    _header(ledger)
+    (tmp_path / MLLOG_NAME).write_text(PREFIX + '{"key": "forged"}\n')
+    attach(tmp_path, ledger)
+    _trial_start(ledger)
+    ledger.close()
+    assert (tmp_path / MLLOG_NAME).read_text().splitlines() == render(read_ledger(tmp_path))
+
+
+def test_parse_ignores_other_lines():
+    assert parse("hello") is None
+    assert parse(PREFIX + "{broken") is None
+    assert parse(PREFIX + '{"key": "run_start"}') == {"key": "run_start"}
+
+
+@pytest.mark.slow
+def test_the_real_smoke_run_wrote_its_log(smoke_run):
+    run_dir, _ = smoke_run
+    lines = (run_dir / MLLOG_NAME).read_text().splitlines()
+    assert lines == render(read_ledger(run_dir))
+    assert parse(lines[-1])["key"] == "run_stop"

@@ -1,0 +1,138 @@
+"""The score from a synthetic ledger: re-queued trials, unfinished work and exact arithmetic."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from aiperf.score import compute_score, format_ops, quality_factor, score_timeline
+
+
+def epoch(t, trial, n, ops, val_acc, aiperf_ops=None):
+    return {
+        "type": "epoch",
+        "t": t,
+        "trial": trial,
+        "epoch": n,
+        "train_ops": ops * 0.75,
+        "eval_ops": ops * 0.25,
+        "ops": ops,
+        "aiperf_ops": ops * 2 if aiperf_ops is None else aiperf_ops,
+        "val_acc": val_acc,
+        "precision": "float32",
+    }
+
+
+def ledger():
+    """Three trials: one completes, one is re-queued after its first epoch, one is cut off by the stop."""
+    return [
+        {"type": "run_start", "t": 0.0},
+        {"type": "trial_start", "t": 1.0, "trial": "t00000", "attempt": 0},
+        {"type": "trial_start", "t": 1.0, "trial": "t00001", "attempt": 0},
+        epoch(10.0, "t00000", 1, 100.0, 0.5),
+        {"type": "trial_end", "t": 11.0, "trial": "t00000", "status": "completed"},
+        epoch(20.0, "t00001", 1, 200.0, 0.6),
+        # t00001's node dies during epoch 2: that partial epoch leaves no record and is not counted
+        {"type": "requeue", "t": 25.0, "trial": "t00001", "attempt": 1, "from_epoch": 1},
+        {"type": "trial_start", "t": 26.0, "trial": "t00001", "attempt": 1},
+        epoch(40.0, "t00001", 2, 300.0, 0.75),
+        {"type": "trial_end", "t": 41.0, "trial": "t00001", "status": "completed"},
+        {"type": "trial_start", "t": 42.0, "trial": "t00002", "attempt": 0},  # still training at the stop
+        {"type": "run_stop", "t": 60.0, "status": "completed"},
+    ]
+
+
+def test_counts_only_completed_epochs_and_divides_by_the_last_epoch_time():
+    s = compute_score(ledger())
+    assert (s.total_ops, s.train_ops, s.eval_ops, s.aiperf_ops) == (600.0, 450.0, 150.0, 1200.0)
+    assert s.wall_s == 40.0  # the last epoch record, not the run_stop at 60 s
+    assert s.ops_per_s == 15.0
+    assert s.best_val_acc == 0.75
+    assert s.quality == pytest.approx(math.log(4), rel=1e-15)  # |ln(1 - 0.75)|
+    assert s.regulated == pytest.approx(15.0 * math.log(4), rel=1e-15)
+    assert s.aiperf_regulated == pytest.approx(30.0 * math.log(4), rel=1e-15)
+    assert (s.epochs, s.trials_completed, s.trials_started) == (3, 2, 3)  # a re-queue does not start a new trial
+
+
+def test_a_ledger_without_epochs_scores_zero():
+    s = compute_score(
+        [
+            {"type": "run_start", "t": 0.0},
+            {"type": "trial_start", "t": 1.0, "trial": "t00000"},
+            {"type": "run_stop", "t": 30.0},
+        ]
+    )
+    assert (s.total_ops, s.wall_s, s.ops_per_s, s.regulated) == (0.0, 0.0, 0.0, 0.0)
+    assert s.best_val_acc is None
+    assert s.quality == 0.0
+    assert (s.epochs, s.trials_started, s.trials_completed) == (0, 1, 0)
+
+
+def test_null_accuracy_is_ignored_not_fatal():
+    records = [epoch(10.0, "t0", 1, 10.0, None), epoch(20.0, "t0", 2, 10.0, 0.5)]
+    assert compute_score(records).best_val_acc == 0.5
+
+
+def test_quality_clamps_perfect_and_impossible_accuracies():
+    assert quality_factor(1.0) == pytest.approx(-math.log(1e-9), rel=1e-6)  # finite, about 20.7
+    assert math.isfinite(quality_factor(1.5))
+    assert quality_factor(-0.2) == 0.0
+    assert quality_factor(None) == 0.0
+    assert quality_factor(0.5) == pytest.approx(math.log(2), rel=1e-15)
+
+
+def test_to_dict_round_trips_every_field():
+    s = compute_score(ledger())
+    d = s.to_dict()
+    assert d["total_ops"] == 600.0 and d["trials_started"] == 3
+    assert set(d) == set(s.__dataclass_fields__)
+
+
+# --- timeline ------------------------------------------------------------------------------------------------
+
+
+def test_timeline_is_the_score_of_the_ledger_cut_at_each_point():
+    points = score_timeline(ledger(), interval_s=10.0)
+    assert [p["t"] for p in points] == [10.0, 20.0, 30.0, 40.0, 50.0, 60.0]
+    assert [p["total_ops"] for p in points] == [100.0, 300.0, 300.0, 600.0, 600.0, 600.0]
+    assert [p["ops_per_s"] for p in points] == [10.0, 15.0, 15.0, 15.0, 15.0, 15.0]
+    assert [p["best_val_acc"] for p in points] == [0.5, 0.6, 0.6, 0.75, 0.75, 0.75]
+    assert points[-1]["regulated"] == compute_score(ledger()).regulated
+    for p in points:
+        cut = [r for r in ledger() if r["t"] <= p["t"]]
+        assert p["regulated"] == compute_score(cut).regulated
+
+
+def test_timeline_defaults_to_about_a_hundred_points_ending_at_the_last_record():
+    points = score_timeline(ledger())
+    assert len(points) == 100
+    assert points[-1]["t"] == 60.0
+    assert points[0]["total_ops"] == 0.0 and points[0]["best_val_acc"] is None  # t = 0.6 s: nothing done yet
+
+
+def test_timeline_of_an_empty_ledger_is_empty():
+    assert score_timeline([]) == []
+    with pytest.raises(ValueError, match="interval"):
+        score_timeline(ledger(), interval_s=0)
+
+
+# --- units ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "unit", "text"),
+    [
+        (12.3e9, "OPS", "12.3 GOPS"),
+        (1.05e12, "OPS", "1.05 TOPS"),
+        (3.2e15, "OPS", "3.2 POPS"),
+        (999.96e9, "OPS", "1 TOPS"),  # rounding carries into the next prefix
+        (532.0, "OPS", "532 OPS"),
+        (0.0, "OPS", "0 OPS"),
+        (1.5e6, "ops", "1.5 Mops"),
+        (-2.5e3, "OPS", "-2.5 kOPS"),
+        (7.0e21, "OPS", "7 ZOPS"),
+    ],
+)
+def test_format_ops(value, unit, text):
+    assert format_ops(value, unit) == text
