@@ -1,0 +1,364 @@
+"""Weak scaling of the master: the real master, search and ledger driving thousands of simulated workers.
+
+Each worker is simulated (``SimulatedWorkerPool``): a trial takes ``--trial-minutes`` of
+simulated time, split into ``--epochs`` epochs that report plausible accuracies. Time is a
+hybrid clock: every real second the master spends (proposing with the real Bayesian
+search, counting FLOPs, writing and fsync'ing the real ledger, bookkeeping) passes on the
+simulated clock too, while waiting for workers jumps straight to the next event. So any
+master slowness shows up as workers with nothing to run: the *idle fraction*
+
+    idle = 1 - sum over workers of time spent running trials / (workers x run length)
+
+is the share of worker time lost waiting for the master. It includes the start, when the
+master must propose ``queue_depth x workers`` trials before every worker has one; the
+steady-state figure leaves out the first trial length. Target: < 1 % at 4,096 workers
+with 10-minute trials. ``load`` is the master's real seconds per simulated second over
+the last trial length: its headroom (at 1 it is saturated, and from then on workers start
+to wait once their queued trial is done).
+
+``--windows`` also prints, per window of ``--window-minutes`` simulated minutes, how the
+master's cost develops as the history grows: trials proposed, past trials at the window's
+end, load (real and CPU seconds per simulated second), worker idle share, the master's
+whole CPU time per proposal (search, FLOPs counting, ledger, pool) and the search's own CPU
+time per ask (architecture asks and tune asks apart) and per tell. A flat CPU time per
+proposal is what lets one master run for hours.
+
+    PYTHONPATH=. python benchmarks/scale_sim.py --workers 64,512,4096
+    PYTHONPATH=. python benchmarks/scale_sim.py --workers 4096 --trials-per-worker 36 --windows
+    PYTHONPATH=. python benchmarks/scale_sim.py --workers 4096 --profile 25   # where the master's time goes
+
+Run it on an otherwise idle core: every real second the master loses to other processes
+counts against it, exactly as it would on a head node (the CPU columns do not depend on that).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import math
+import pstats
+import sys
+import tempfile
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiperf.cluster.sim_pool import HybridClock, SimulatedWorkerPool
+from aiperf.config import load_config
+from aiperf.ledger import LedgerWriter
+from aiperf.master import Master, MasterSettings
+from aiperf.run import make_search
+from aiperf.weights import WeightStore
+from nas import zoo
+from nas.proposer import Proposer, TrialProposal
+
+WORKERS_PER_NODE = 8  # eight accelerators per node, one trial each
+
+
+class WindowMeter:
+    """The master's real and CPU seconds, summed per window of simulated time."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self.real: dict[int, float] = {}
+        self.cpu: dict[int, float] = {}
+        self._last: tuple[float, float] | None = None
+
+    def sample(self, sim_t: float) -> None:
+        """Called at every wait: the time since the previous wait was the master's own work."""
+        now = (time.perf_counter(), time.process_time())
+        if self._last is not None:
+            k = int(sim_t // self.window_s)
+            self.real[k] = self.real.get(k, 0.0) + now[0] - self._last[0]
+            self.cpu[k] = self.cpu.get(k, 0.0) + now[1] - self._last[1]
+        self._last = now
+
+
+class RecordingPool(SimulatedWorkerPool):
+    """The simulated pool, remembering when each submitted trial runs on its worker."""
+
+    def __init__(self, *args: Any, meter: WindowMeter, keep_s: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.intervals: dict[str, list[tuple[float, float]]] = {}
+        self.meter = meter
+        self.keep_s = keep_s
+        self.last_samples: deque[tuple[float, float]] = deque()  # (simulated, real) at each wait, the latest keep_s
+
+    def wait(self, timeout: float) -> list[Any]:
+        now = self.clock()
+        self.meter.sample(now)
+        self.last_samples.append((now, time.perf_counter()))
+        while self.last_samples[0][0] < now - self.keep_s:
+            self.last_samples.popleft()
+        return super().wait(timeout)
+
+    def submit(self, worker: str, trial: str, attempt: int, spec: dict[str, Any], *rest: Any) -> None:
+        super().submit(worker, trial, attempt, spec, *rest)
+        w = self._workers[worker]
+        self.intervals.setdefault(worker, []).append((w.queue[-1].start, w.free_at))
+
+
+@dataclass
+class _SearchCost:
+    asks: list[tuple[float, float, str]] = field(default_factory=list)  # (simulated t, CPU s, kind)
+    tells: dict[int, list[float]] = field(default_factory=dict)  # window -> [count, CPU s]
+
+
+class TimedProposer(Proposer):
+    """Delegates to the real search, timing each ask and tell in CPU seconds."""
+
+    def __init__(self, inner: Proposer, clock: HybridClock, window_s: float) -> None:
+        self.inner = inner
+        self.clock = clock
+        self.window_s = window_s
+        self.cost = _SearchCost()
+
+    def ask(self, trial_id: str) -> TrialProposal:
+        c0 = time.process_time()
+        proposal = self.inner.ask(trial_id)
+        self.cost.asks.append((self.clock(), time.process_time() - c0, proposal.kind))
+        return proposal
+
+    def tell(self, trial_id: str, value: float, final: bool) -> None:
+        c0 = time.process_time()
+        self.inner.tell(trial_id, value, final)
+        slot = self.cost.tells.setdefault(int(self.clock() // self.window_s), [0, 0.0])
+        slot[0] += 1
+        slot[1] += time.process_time() - c0
+
+    def forget(self, trial_id: str) -> None:
+        self.inner.forget(trial_id)
+
+    def restore(self, trial_id: str, proposal: TrialProposal, value: float | None, final: bool) -> None:
+        self.inner.restore(trial_id, proposal, value, final)
+
+
+@dataclass
+class WindowRow:
+    start_min: float
+    proposed: int
+    history: int  # trials proposed before the window's end
+    load: float  # master real seconds per simulated second
+    cpu_load: float  # master CPU seconds per simulated second
+    idle_fraction: float
+    cpu_ms_per_proposal: float  # all of the master's CPU time in the window / proposals in it
+    arch_ask_ms: float  # mean CPU time of an architecture ask
+    tune_ask_ms: float  # mean CPU time of a tune ask
+    tell_us: float  # mean CPU time of a tell
+
+
+@dataclass
+class ScaleResult:
+    workers: int
+    trial_s: float
+    run_s: float  # simulated run length
+    wall_s: float  # real seconds the simulation took (all of it master time)
+    master_cpu_s: float
+    trials_started: int
+    epochs: int
+    idle_fraction: float
+    steady_idle_fraction: float  # after the first trial length
+    first_trial_all_busy_s: float | None  # simulated time until every worker was running
+    master_load_last: float  # real master seconds per simulated second over the last trial length (1 = saturated)
+    windows: list[WindowRow] = field(default_factory=list)
+
+
+def _busy(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
+    return sum(max(0.0, min(end, hi) - max(start, lo)) for start, end in intervals)
+
+
+def _busy_per_window(pool: RecordingPool, window_s: float, end: float) -> list[float]:
+    """Worker-seconds spent running trials in each window (one pass over all intervals)."""
+    out = [0.0] * max(1, math.ceil(end / window_s))
+    for intervals in pool.intervals.values():
+        for start, stop in intervals:
+            stop = min(stop, end)
+            k = int(start // window_s)
+            while start < stop and k < len(out):
+                edge = min(stop, (k + 1) * window_s)
+                out[k] += edge - start
+                start, k = edge, k + 1
+    return out
+
+
+def _mean_ms(values: list[float]) -> float:
+    return 1e3 * sum(values) / len(values) if values else float("nan")
+
+
+def _windows(pool: RecordingPool, timed: TimedProposer, workers: int, end: float) -> list[WindowRow]:
+    window_s = pool.meter.window_s
+    busy = _busy_per_window(pool, window_s, end)
+    asks: dict[int, dict[str, list[float]]] = {}
+    for t, cpu, kind in timed.cost.asks:
+        asks.setdefault(int(t // window_s), {}).setdefault("tune" if kind == "tune" else "arch", []).append(cpu)
+    rows, history = [], 0
+    for k, worker_busy in enumerate(busy):
+        length = min(window_s, end - k * window_s)
+        if length < 0.01 * window_s:  # the run's end just past a window edge
+            break
+        by_kind = asks.get(k, {})
+        proposed = sum(len(v) for v in by_kind.values())
+        history += proposed
+        tells = timed.cost.tells.get(k, [0, 0.0])
+        cpu = pool.meter.cpu.get(k, 0.0)
+        rows.append(
+            WindowRow(
+                start_min=k * window_s / 60,
+                proposed=proposed,
+                history=history,
+                load=pool.meter.real.get(k, 0.0) / length,
+                cpu_load=cpu / length,
+                idle_fraction=max(0.0, 1.0 - worker_busy / (workers * length)),
+                cpu_ms_per_proposal=1e3 * cpu / proposed if proposed else float("nan"),
+                arch_ask_ms=_mean_ms(by_kind.get("arch", [])),
+                tune_ask_ms=_mean_ms(by_kind.get("tune", [])),
+                tell_us=1e6 * tells[1] / tells[0] if tells[0] else float("nan"),
+            )
+        )
+    return rows
+
+
+def simulate(
+    workers: int,
+    trial_s: float,
+    epochs: int,
+    trials_per_worker: float,
+    seed: int,
+    ledger_dir: Path,
+    window_s: float | None = None,
+) -> ScaleResult:
+    cfg = load_config(
+        "default",
+        [f"hpo.epochs=[{epochs},{epochs}]", f"train.epochs_per_trial={epochs}", f"run.seed={seed}"],
+    )
+    window_s = window_s or trial_s
+    clock = HybridClock()
+    proposer = TimedProposer(
+        make_search(cfg, zoo.small_resnet((28, 28, 1), 10, width=cfg.model.width), 256), clock, window_s
+    )
+    pool = RecordingPool(
+        workers,
+        clock,
+        meter=WindowMeter(window_s),
+        keep_s=1.5 * trial_s,
+        nodes=max(1, workers // WORKERS_PER_NODE),
+        epoch_s=trial_s / epochs,
+        queue_depth=cfg.cluster.queue_depth,
+        batch_size=256,
+        images=(50_000, 10_000),
+    )
+    ledger = LedgerWriter(ledger_dir)
+    ledger.append("run_start", t=0.0, run_id=f"scale-{workers}", config=cfg.to_dict(), plan=pool.plan.to_dict())
+    budget = trial_s * trials_per_worker
+    settings = MasterSettings(time_budget_s=budget, seed=seed, max_trial_retries=cfg.cluster.max_trial_retries)
+    master = Master(settings, proposer, pool, ledger, WeightStore(cfg.cluster.keep_weights), clock=clock)
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    outcome = master.run()
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    ledger.close()
+    end = clock()
+    total = sum(_busy(v, 0.0, end) for v in pool.intervals.values())
+    steady = sum(_busy(v, trial_s, end) for v in pool.intervals.values())
+    starts = [v[0][0] for v in pool.intervals.values() if v]
+    window = [(t, r) for t, r in pool.last_samples if t >= end - trial_s]
+    load = (window[-1][1] - window[0][1]) / (window[-1][0] - window[0][0]) if len(window) > 1 else float("nan")
+    epoch_records = sum(1 for line in (ledger_dir / "ledger.jsonl").open() if '"type":"epoch"' in line)
+    return ScaleResult(
+        workers=workers,
+        trial_s=trial_s,
+        run_s=end,
+        wall_s=wall,
+        master_cpu_s=cpu,
+        trials_started=outcome.trials_started,
+        epochs=epoch_records,
+        idle_fraction=max(0.0, 1.0 - total / (workers * end)),
+        steady_idle_fraction=max(0.0, 1.0 - steady / (workers * (end - trial_s))) if end > trial_s else float("nan"),
+        first_trial_all_busy_s=max(starts) if len(starts) == workers else None,
+        master_load_last=load,
+        windows=_windows(pool, proposer, workers, end),
+    )
+
+
+def _row(r: ScaleResult) -> str:
+    busy = "-" if r.first_trial_all_busy_s is None else f"{r.first_trial_all_busy_s:.1f}"
+    return (
+        f"{r.workers:>7} {r.trial_s / 60:>6.1f} {r.run_s / 60:>7.1f} {r.trials_started:>8} {r.epochs:>8}"
+        f" {r.wall_s:>8.1f} {r.master_cpu_s:>8.1f} {busy:>9} {100 * r.idle_fraction:>7.3f}"
+        f" {100 * r.steady_idle_fraction:>8.3f} {r.master_load_last:>6.3f}"
+    )
+
+
+def _window_table(r: ScaleResult) -> str:
+    lines = [
+        f"  {'win_min':>7} {'proposed':>8} {'history':>8} {'load':>6} {'cpu_load':>8} {'idle_%':>7}"
+        f" {'cpu_ms/trial':>12} {'arch_ask_ms':>11} {'tune_ask_ms':>11} {'tell_us':>7}"
+    ]
+    for w in r.windows:
+        lines.append(
+            f"  {w.start_min:>7.0f} {w.proposed:>8} {w.history:>8} {w.load:>6.3f} {w.cpu_load:>8.3f}"
+            f" {100 * w.idle_fraction:>7.3f} {w.cpu_ms_per_proposal:>12.2f} {w.arch_ask_ms:>11.2f}"
+            f" {w.tune_ask_ms:>11.2f} {w.tell_us:>7.0f}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workers", default="64,512,4096", help="comma-separated worker counts")
+    p.add_argument("--trial-minutes", type=float, default=10.0)
+    p.add_argument("--epochs", type=int, default=5, help="epochs per trial (each reports to the master)")
+    p.add_argument("--trials-per-worker", type=float, default=3.0, help="run length in trial lengths")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--windows", action="store_true", help="print the master's cost per window of simulated time")
+    p.add_argument("--window-minutes", type=float, default=None, help="window length (default: one trial length)")
+    p.add_argument("--profile", type=int, default=0, metavar="N", help="cProfile the largest run; print N rows")
+    p.add_argument("--ledger-dir", default=None, help="where the ledgers go (default: a temporary directory)")
+    p.add_argument("--json", default=None, help="also write the results here")
+    args = p.parse_args(argv)
+    counts = [int(x) for x in args.workers.split(",") if x.strip()]
+    base = Path(args.ledger_dir) if args.ledger_dir else Path(tempfile.mkdtemp(prefix="scale-sim-"))
+    window_s = 60 * args.window_minutes if args.window_minutes else None
+    print(
+        f"scale_sim: {args.trial_minutes:g}-minute trials of {args.epochs} epochs, "
+        f"{args.trials_per_worker:g} trial lengths per run, ledgers in {base}",
+        flush=True,
+    )
+    header = (
+        f"{'workers':>7} {'trial':>6} {'run':>7} {'trials':>8} {'epochs':>8} {'wall_s':>8} {'cpu_s':>8}"
+        f" {'all_busy':>9} {'idle_%':>7} {'steady_%':>8} {'load':>6}"
+    )
+    print(header, flush=True)
+    results = []
+    for k, n in enumerate(counts):
+        profiler = cProfile.Profile() if args.profile and k == len(counts) - 1 else None
+        if profiler:
+            profiler.enable()
+        r = simulate(
+            n, 60 * args.trial_minutes, args.epochs, args.trials_per_worker, args.seed, base / f"w{n}", window_s
+        )
+        if profiler:
+            profiler.disable()
+        results.append(r)
+        print(_row(r), flush=True)
+        if args.windows:
+            print(_window_table(r), flush=True)
+            if k < len(counts) - 1:
+                print(header, flush=True)
+        if profiler:
+            out = io.StringIO()
+            pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(args.profile)
+            print(out.getvalue())
+            out = io.StringIO()
+            pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(args.profile)
+            print(out.getvalue())
+    if args.json:
+        Path(args.json).write_text(json.dumps([asdict(r) for r in results], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
