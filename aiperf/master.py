@@ -15,7 +15,7 @@ import gc
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiperf.cluster.pool import PoolEvent, WorkerPool
 from aiperf.flops import GraphCost, aiperf_compatible_operations, count_flops, epoch_operations
@@ -26,6 +26,9 @@ from aiperf.trial import TrialSpec
 from aiperf.weights import WeightStore
 from nas.proposer import Proposer, TrialProposal
 from nas.serialize import graph_to_dict
+
+if TYPE_CHECKING:
+    from aiperf.config import Config
 
 
 @dataclass
@@ -55,6 +58,17 @@ class MasterSettings:
     seed: int = 0
     checkpoint_every_epoch: bool = True
     poll_s: float = 0.5
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> MasterSettings:
+        """The master's part of a run config (one place, so real and simulated runs agree)."""
+        return cls(
+            time_budget_s=cfg.run.time_budget_s,
+            max_trials=cfg.run.max_trials,
+            max_trial_retries=cfg.cluster.max_trial_retries,
+            seed=cfg.run.seed,
+            checkpoint_every_epoch=cfg.cluster.checkpoint_every_epoch,
+        )
 
 
 @dataclass
@@ -96,6 +110,7 @@ class Master:
         self.stop_requested: str | None = None
         self.worker_ready_t: dict[str, float] = {}
         self.worker_busy: dict[str, float] = {}
+        self.worker_compile: dict[str, float] = {}  # first steps (trace/compile + one step) of completed trials
         self.worker_gaps: dict[str, list[float]] = {}
         self.worker_stats: dict[str, dict[str, Any]] = {}
         self.retired: set[str] = set()
@@ -295,6 +310,8 @@ class Master:
         if d.get("worker_stats"):
             self.worker_stats[ev.worker] = d["worker_stats"]
         state.checkpoint = None
+        if d.get("first_step_s") is not None:
+            self.worker_compile[ev.worker] = self.worker_compile.get(ev.worker, 0.0) + d["first_step_s"]
         best = state.best if state.best is not None else 0.0
         self.ledger.append(
             "trial_end",
@@ -370,6 +387,7 @@ class Master:
         now = self.clock()
         alive = now - start if start is not None else None
         busy = self.worker_busy.get(worker, 0.0)
+        compile_s = min(busy, self.worker_compile.get(worker, 0.0))  # first steps are inside busy time
         gaps = sorted(self.worker_gaps.get(worker, []))
         info = self.pool.worker_info(worker)
         self.ledger.append(
@@ -384,6 +402,8 @@ class Master:
             busy_s=busy,
             alive_s=alive,
             busy_fraction=(busy / alive) if alive else None,
+            compile_s=compile_s,
+            steady_busy_fraction=(max(0.0, busy - compile_s) / alive) if alive else None,
             idle_gaps={
                 "count": len(gaps),
                 "mean_s": sum(gaps) / len(gaps) if gaps else None,

@@ -24,17 +24,21 @@ SUMMARY_NAME = "summary.json"
 def _worker_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
     workers = [r for r in records if r["type"] == "worker"]
     fractions = [w["busy_fraction"] for w in workers if w.get("busy_fraction") is not None]
+    steady = [w["steady_busy_fraction"] for w in workers if w.get("steady_busy_fraction") is not None]
     gaps = [w["idle_gaps"]["mean_s"] for w in workers if w.get("idle_gaps", {}).get("mean_s") is not None]
     return {
         "count": len(workers),
         "busy_fraction_mean": sum(fractions) / len(fractions) if fractions else None,
         "busy_fraction_min": min(fractions) if fractions else None,
+        # Busy time less the first step of each completed trial (tracing/compilation + one step).
+        "steady_busy_fraction_mean": sum(steady) / len(steady) if steady else None,
         "idle_gap_mean_s": sum(gaps) / len(gaps) if gaps else None,
         "per_worker": {
             w["worker"]: {
                 "node": w.get("node"),
                 "busy_fraction": w.get("busy_fraction"),
                 "busy_s": w.get("busy_s"),
+                "compile_s": w.get("compile_s"),
                 "alive_s": w.get("alive_s"),
                 "idle_gap_mean_s": w.get("idle_gaps", {}).get("mean_s"),
             }
@@ -167,11 +171,24 @@ def format_summary(summary: dict[str, Any], run_dir: str | Path) -> str:
         f" backend {summary['backend']}, precision {', '.join(summary['precision']) or '-'}",
         f"  verdict              {v['headline']}",
     ]
+    workers = summary.get("workers") or {}
+    if workers.get("busy_fraction_mean") is not None:
+        lines.insert(-1, f"  workers              {format_workers(workers)}")
     telemetry = summary.get("telemetry")
     if telemetry:
         lines.append(f"  telemetry            {format_telemetry(telemetry)}")
     lines.append(f"  results              {run_dir}")
     return "\n".join(lines)
+
+
+def format_workers(w: dict[str, Any]) -> str:
+    """One line: how much of the workers' lives went into training and evaluation steps."""
+    text = f"{w['count']} worker(s), {100 * w['busy_fraction_mean']:.0f}% of their time in train/eval steps"
+    if w.get("steady_busy_fraction_mean") is not None:
+        text += f" ({100 * w['steady_busy_fraction_mean']:.0f}% excluding first steps/compilation)"
+    if w.get("idle_gap_mean_s") is not None:
+        text += f", {w['idle_gap_mean_s']:.2f} s mean gap between trials"
+    return text
 
 
 def format_telemetry(t: dict[str, Any]) -> str:
