@@ -67,7 +67,8 @@ def configure_process(backend: str, threads: int) -> None:
     import keras  # noqa: F401  (binds the backend now)
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's marketing name (for the ledger's system description and benchmark headers)."""
     try:
         with open("/proc/cpuinfo") as fh:
             for line in fh:
@@ -136,7 +137,7 @@ def describe_device(backend: str) -> DeviceInfo:
 
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if count == 0:
-        return DeviceInfo("cpu", _cpu_model(), cpu_model=_cpu_model())
+        return DeviceInfo("cpu", cpu_model(), cpu_model=cpu_model())
     first = gpus[0] if gpus else {}
     return DeviceInfo(
         "gpu",
@@ -144,7 +145,7 @@ def describe_device(backend: str) -> DeviceInfo:
         count,
         first.get("memory_bytes", 0),
         first.get("compute_capability"),
-        _cpu_model(),
+        cpu_model(),
         {"driver": first.get("driver")},
     )
 

@@ -275,13 +275,7 @@ def run_benchmark(
         )
         pool = RayWorkerPool(cfg, dataset, nodes)
         progress = Progress(cfg.run.progress_interval_s, cfg.run.time_budget_s, out)
-        settings = MasterSettings(
-            time_budget_s=cfg.run.time_budget_s,
-            max_trials=cfg.run.max_trials,
-            max_trial_retries=cfg.cluster.max_trial_retries,
-            seed=cfg.run.seed,
-            checkpoint_every_epoch=cfg.cluster.checkpoint_every_epoch,
-        )
+        settings = MasterSettings.from_config(cfg)
         master = Master(settings, proposer, pool, ledger, weights, progress, first_trial=first_trial)
         telemetry = TelemetryRecorder(run_dir, cfg.run.telemetry_interval_s)
         with _Signals() as signals:

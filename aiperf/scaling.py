@@ -118,13 +118,7 @@ def simulate_run(
             seed_architecture=seed_graph.to_dict(),
         )
         attach_mllog(run_dir, ledger, cfg)
-        settings = MasterSettings(
-            time_budget_s=cfg.run.time_budget_s,
-            max_trials=cfg.run.max_trials,
-            max_trial_retries=cfg.cluster.max_trial_retries,
-            seed=cfg.run.seed,
-            checkpoint_every_epoch=cfg.cluster.checkpoint_every_epoch,
-        )
+        settings = MasterSettings.from_config(cfg)
         master = Master(settings, proposer, pool, ledger, WeightStore(cfg.cluster.keep_weights), clock=clock)
         outcome = master.run()
         ledger.append("run_stop", t=clock(), status=outcome.status, reason=outcome.reason)

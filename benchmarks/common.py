@@ -42,17 +42,6 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def load_average() -> tuple[float, float, float]:
     return os.getloadavg()
 
@@ -71,6 +60,8 @@ def gpu_names() -> list[str]:
 
 def machine_facts() -> dict[str, Any]:
     """Date, host, CPU, GPUs, load and package versions: what a figure needs to be reproducible."""
+    from aiperf.backend import cpu_model  # imports no Keras
+
     versions = {"python": platform.python_version()}
     for pkg in PACKAGES:
         try:

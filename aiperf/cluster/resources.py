@@ -55,11 +55,11 @@ def probe_this_node() -> dict[str, Any]:
     """Facts only the node itself can tell (runs on the node, as a Ray task or locally)."""
     import psutil
 
-    from aiperf.backend import _cpu_model, nvidia_gpus
+    from aiperf.backend import cpu_model, nvidia_gpus
 
     return {
         "hostname": socket.gethostname(),
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_model(),
         "physical_cores": psutil.cpu_count(logical=False) or os.cpu_count() or 1,
         "memory_bytes": psutil.virtual_memory().total,
         "accelerators": nvidia_gpus(),
