@@ -8,7 +8,7 @@ weights into the child's (the master never spends CPU on weight surgery).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -41,7 +41,9 @@ class TrialSpec:
         return int(self.hparams["epochs"])
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields as they are, not deep-copied: the master builds every spec afresh, and
+        ``dataclasses.asdict``'s recursive copy of the graphs was a tenth of its time at 4,096 workers."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrialSpec:
