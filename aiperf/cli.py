@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from aiperf.config import load_config
-    from aiperf.run import run_benchmark
+    from aiperf.engine.run import run_benchmark
 
     if args.resume:
         if args.config or args.overrides:
@@ -114,7 +114,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _cmd_flops(args: argparse.Namespace) -> int:
-    from aiperf.flops_cli import flops_command
+    from aiperf.metrics.flops_cli import flops_command
 
     if args.batch_size < 1:
         raise AiperfError("--batch-size must be at least 1")
@@ -130,7 +130,7 @@ def _run_dir(path: str) -> Path:
 
 
 def _cmd_summary(args: argparse.Namespace) -> int:
-    from aiperf.summary import format_summary, write_summary
+    from aiperf.record.summary import format_summary, write_summary
 
     run_dir = _run_dir(args.run_dir)
     print(format_summary(write_summary(run_dir), run_dir))
@@ -138,7 +138,7 @@ def _cmd_summary(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from aiperf.verify import verify_run
+    from aiperf.record.verify import verify_run
 
     ok, message = verify_run(_run_dir(args.run_dir))
     print(message)
@@ -146,14 +146,14 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from aiperf.report import write_report
+    from aiperf.record.report import write_report
 
     print(write_report(_run_dir(args.run_dir), args.output))
     return 0
 
 
 def _cmd_scaling(args: argparse.Namespace) -> int:
-    from aiperf.scaling import scaling_command
+    from aiperf.engine.scaling import scaling_command
 
     try:
         counts = [int(x) for x in args.nodes.split(",") if x.strip()]

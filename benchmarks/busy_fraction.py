@@ -86,7 +86,7 @@ def worker_breakdown(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]
 
 def analyse(records: list[dict[str, Any]]) -> dict[str, Any]:
     """The run-level figures: busy fractions, idle gaps and per-trial start-up, from the ledger alone."""
-    from aiperf.score import compute_score
+    from aiperf.metrics.score import compute_score
 
     workers = worker_breakdown(records)
     alive = sum(w["alive_s"] for w in workers.values())
@@ -120,7 +120,7 @@ def analyse(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 def telemetry_mean(run_dir: Path) -> dict[str, Any] | None:
     """The engine's own telemetry (``telemetry.jsonl``), when the run recorded it."""
-    from aiperf.telemetry import read_telemetry
+    from aiperf.record.telemetry import read_telemetry
 
     samples = read_telemetry(run_dir)
     if not samples:
@@ -157,7 +157,7 @@ def overrides_for(args: argparse.Namespace) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    from aiperf.ledger import read_ledger
+    from aiperf.record.ledger import read_ledger
 
     args = parse_args(argv)
     facts = common.machine_facts()

@@ -53,14 +53,14 @@ def load_note() -> str:
 
 
 def gpu_names() -> list[str]:
-    from aiperf.backend import nvidia_gpus
+    from aiperf.training.backend import nvidia_gpus
 
     return [g["name"] for g in nvidia_gpus()]
 
 
 def machine_facts() -> dict[str, Any]:
     """Date, host, CPU, GPUs, load and package versions: what a figure needs to be reproducible."""
-    from aiperf.backend import cpu_model  # imports no Keras
+    from aiperf.training.backend import cpu_model  # imports no Keras
 
     versions = {"python": platform.python_version()}
     for pkg in PACKAGES:
@@ -84,14 +84,14 @@ def machine_facts() -> dict[str, Any]:
 
 def configure_backend(backend: str, threads: int) -> None:
     """Select the Keras backend and thread counts exactly as a worker does, before Keras is imported."""
-    from aiperf.backend import configure_process
+    from aiperf.training.backend import configure_process
 
     configure_process(backend, threads)
 
 
 def device_kind(backend: str) -> str:
     """``gpu`` when the backend sees an accelerator, else ``cpu`` (imports the framework)."""
-    from aiperf.backend import describe_device
+    from aiperf.training.backend import describe_device
 
     return describe_device(backend).kind
 
@@ -357,6 +357,6 @@ def si(value: float | None, unit: str) -> str:
     """``12.3 GFLOP/s``-style formatting (three significant digits)."""
     if value is None:
         return "-"
-    from aiperf.score import format_ops
+    from aiperf.metrics.score import format_ops
 
     return format_ops(float(value), unit)

@@ -36,13 +36,13 @@ import whole_run
 def seed_throughput(threads: int, epochs: int, reps: int, backend: str) -> dict[str, Any]:
     """The default seed on the default data: trainer vs reference, images/s, in this process."""
     common.configure_backend(backend, threads)
-    from aiperf.backend import choose_jit, choose_precision, describe_device
     from aiperf.config import load_config
     from aiperf.datasets import load_dataset
-    from aiperf.flops import count_flops
-    from aiperf.run import seed_architecture
-    from aiperf.trainer import TrainerSettings, TrialRunner
-    from aiperf.trial import TrialSpec
+    from aiperf.engine.run import seed_architecture
+    from aiperf.metrics.flops import count_flops
+    from aiperf.training.backend import choose_jit, choose_precision, describe_device
+    from aiperf.training.trainer import TrainerSettings, TrialRunner
+    from aiperf.training.trial import TrialSpec
 
     cfg = load_config("default")
     dataset = load_dataset(cfg.dataset)
@@ -125,7 +125,7 @@ def seed_throughput_subprocess(threads: int, epochs: int, reps: int, backend: st
 
 def default_run(minutes: float) -> dict[str, Any]:
     """A short ``aiperf run`` of the default config: score, fraction of peak, step fraction."""
-    from aiperf.ledger import read_ledger
+    from aiperf.record.ledger import read_ledger
 
     run = whole_run.main(["--config", "default", "--minutes", str(minutes)])
     busy = busy_fraction.analyse(read_ledger(Path(run["run_dir"])))

@@ -49,10 +49,10 @@ from typing import Any
 
 from aiperf.cluster.sim_pool import HybridClock, SimulatedWorkerPool
 from aiperf.config import load_config
-from aiperf.ledger import LedgerWriter
-from aiperf.master import Master, MasterSettings
-from aiperf.run import make_search
-from aiperf.weights import WeightStore
+from aiperf.engine.master import Master, MasterSettings
+from aiperf.engine.run import make_search
+from aiperf.engine.weights import WeightStore
+from aiperf.record.ledger import LedgerWriter
 from nas import zoo
 from nas.proposer import Proposer, TrialProposal
 

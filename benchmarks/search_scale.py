@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 
-from aiperf.flops import count_flops
+from aiperf.metrics.flops import count_flops
 from nas.graph import Graph
 from nas.hpo import HyperparameterSpace
 from nas.limits import Limits

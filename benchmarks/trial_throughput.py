@@ -2,7 +2,7 @@
 
 For each architecture -- the seed (``small_resnet``), ResNet-50, and a "searched" net (the
 seed after six random morphs, fixed RNG seed) -- three things train the same Keras model
-(``aiperf.model.build_model``) at the same batch size and precision:
+(``aiperf.training.model.build_model``) at the same batch size and precision:
 
 * **reference**: a minimal compiled training step written by hand -- JAX:
   ``model.stateless_call`` + ``jax.value_and_grad`` + an SGD/Nesterov update, ``jax.jit``
@@ -139,7 +139,7 @@ def make_reference(
     backend: str,
 ) -> tuple[Any, dict[str, float]]:
     """The reference loop for the same net and precision, compiled and warmed up; returns it and its set-up times."""
-    from aiperf.model import build_model
+    from aiperf.training.model import build_model
 
     t0 = time.perf_counter()
     model = build_model(
@@ -311,9 +311,9 @@ def measure(
 ) -> dict[str, Any]:
     import keras
 
-    from aiperf.flops import count_flops
-    from aiperf.trainer import TrainerSettings, TrialRunner, activation_bytes, batch_limit
-    from aiperf.trial import TrialSpec
+    from aiperf.metrics.flops import count_flops
+    from aiperf.training.trainer import TrainerSettings, TrialRunner, activation_bytes, batch_limit
+    from aiperf.training.trial import TrialSpec
 
     defaults = GPU_DEFAULTS if kind == "gpu" else CPU_DEFAULTS
     size = args.image_size or defaults["image"][arch]
@@ -412,8 +412,8 @@ def warm_up(precision: str, jit: Any, device_memory: int) -> dict[str, float]:
     A worker pays that once, on its first trial; every later trial pays only its own build
     and compile, which is what the per-architecture start-up figures should show.
     """
-    from aiperf.trainer import TrainerSettings, TrialRunner
-    from aiperf.trial import TrialSpec
+    from aiperf.training.trainer import TrainerSettings, TrialRunner
+    from aiperf.training.trial import TrialSpec
 
     dataset = common.synthetic_dataset((8, 8, 3), 10, 64, 32)
     graph = common.benchmark_net("seed", 8, width=4)
@@ -468,7 +468,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     common.configure_backend(args.backend, args.threads)
-    from aiperf.backend import choose_jit, choose_precision, describe_device
+    from aiperf.training.backend import choose_jit, choose_precision, describe_device
 
     device = describe_device(args.backend)
     precision = choose_precision(args.precision, device)

@@ -60,7 +60,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    from aiperf.ledger import read_ledger
+    from aiperf.record.ledger import read_ledger
 
     args = parse_args(argv)
     facts = common.machine_facts()

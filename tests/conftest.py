@@ -51,7 +51,7 @@ SIM_DATASET = {
 def simulated_run(run_dir: Path) -> Path:
     """A complete run directory from the real master and search on a simulated 2-node pool (~2 s)."""
     from aiperf.config import load_config
-    from aiperf.scaling import SimulationSettings, simulate_run
+    from aiperf.engine.scaling import SimulationSettings, simulate_run
     from nas import zoo
 
     cfg = load_config("smoke", ["run.time_budget_s=120"])

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, aiperf_cmd, cli_env
 
-from aiperf.ledger import read_ledger, record_hash
+from aiperf.record.ledger import read_ledger, record_hash
 
 pytestmark = pytest.mark.slow
 

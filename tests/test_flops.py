@@ -11,7 +11,7 @@ import math
 import pytest
 
 from aiperf.errors import AiperfError
-from aiperf.flops import (
+from aiperf.metrics.flops import (
     ACTIVATION_OPS,
     GraphCost,
     LayerCost,
@@ -340,7 +340,7 @@ def test_bad_image_counts_are_one_line_errors(bad):
 def test_flops_command_on_an_architecture_file(tmp_path):
     import json
 
-    from aiperf.flops_cli import flops_command
+    from aiperf.metrics.flops_cli import flops_command
     from nas.serialize import save
 
     graph = zoo.small_resnet()
@@ -357,7 +357,7 @@ def test_flops_command_on_an_architecture_file(tmp_path):
 
 def test_flops_command_on_a_saved_keras_model(tmp_path):
     keras = pytest.importorskip("keras")
-    from aiperf.flops_cli import flops_command, load_graph
+    from aiperf.metrics.flops_cli import flops_command, load_graph
 
     inputs = keras.Input((8, 8, 3))
     x = keras.layers.Conv2D(4, 3, padding="same", activation="relu")(inputs)
@@ -375,7 +375,7 @@ def test_flops_command_on_a_saved_keras_model(tmp_path):
     [(None, "no such file"), ("{not json", "invalid JSON"), ('{"format": "other"}', "not an architecture file")],
 )
 def test_flops_command_reports_bad_files_in_one_line(tmp_path, content, message):
-    from aiperf.flops_cli import flops_command
+    from aiperf.metrics.flops_cli import flops_command
 
     path = tmp_path / "arch.json"
     if content is not None:

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aiperf.flops import count_flops
+from aiperf.metrics.flops import count_flops
 from nas import zoo
 from nas.graph import Graph
 from nas.morph import random_morph
@@ -171,7 +171,7 @@ def test_counts_match_an_independent_count_of_the_built_keras_model(architecture
     pytest.importorskip("keras")
     import keras
 
-    from aiperf.model import PIXELS_LAYER, build_model
+    from aiperf.training.model import PIXELS_LAYER, build_model
 
     assert len(architectures) >= 20
     for graph in architectures:
@@ -193,7 +193,7 @@ def test_counts_match_an_independent_count_of_the_built_keras_model(architecture
 XLA_CHILD = r"""
 import json, os, sys
 import jax, jax.numpy as jnp
-from aiperf.model import build_model
+from aiperf.training.model import build_model
 from nas.serialize import graph_from_dict
 
 BATCH = {batch}

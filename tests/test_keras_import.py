@@ -3,7 +3,7 @@
 Every application is built with ``weights=None`` at a small input size, its BatchNorm
 statistics and biases are randomised (so that normalisation and bias handling are really
 exercised), and its output is compared with the imported graph run two ways: the NumPy
-reference ``nas.forward`` and the Keras model that ``aiperf.model.build_model`` builds.
+reference ``nas.forward`` and the Keras model that ``aiperf.training.model.build_model`` builds.
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ import pytest
 keras = pytest.importorskip("keras")
 
 from aiperf.errors import AiperfError  # noqa: E402
-from aiperf.keras_import import (  # noqa: E402
+from aiperf.training.keras_import import (  # noqa: E402
     graph_from_keras,
     graph_from_keras_file,
     import_keras,
     import_keras_file,
     weights_from_keras,
 )
-from aiperf.model import build_model, set_weights  # noqa: E402
+from aiperf.training.model import build_model, set_weights  # noqa: E402
 from nas import zoo  # noqa: E402
 from nas.forward import forward  # noqa: E402
 from nas.morph import apply_morph, candidate_morphs  # noqa: E402

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from aiperf.errors import AiperfError
-from aiperf.ledger import LedgerWriter, read_ledger, record_hash
+from aiperf.record.ledger import LedgerWriter, read_ledger, record_hash
 
 
 def _write(tmp_path, n=5):
@@ -88,7 +88,7 @@ def test_clock_offset_continues_time_after_resume(tmp_path):
 
 
 def test_a_batch_writes_each_record_at_once_and_fsyncs_once_at_its_end(tmp_path, monkeypatch):
-    import aiperf.ledger as ledger_module
+    import aiperf.record.ledger as ledger_module
 
     synced_sizes = []
     real_fsync = ledger_module.os.fsync
@@ -119,7 +119,7 @@ def test_a_batch_writes_each_record_at_once_and_fsyncs_once_at_its_end(tmp_path,
 
 
 def test_a_batch_ended_by_an_error_still_syncs(tmp_path, monkeypatch):
-    import aiperf.ledger as ledger_module
+    import aiperf.record.ledger as ledger_module
 
     calls = []
     monkeypatch.setattr(ledger_module.os, "fsync", lambda fd: calls.append(fd))

@@ -9,12 +9,12 @@ import pytest
 
 from aiperf.cluster.sim_pool import HybridClock, SimulatedWorkerPool
 from aiperf.config import load_config
-from aiperf.ledger import LedgerWriter, read_ledger
-from aiperf.master import Master, MasterSettings
-from aiperf.run import make_search
-from aiperf.score import compute_score
-from aiperf.summary import summarize
-from aiperf.weights import WeightStore
+from aiperf.engine.master import Master, MasterSettings
+from aiperf.engine.run import make_search
+from aiperf.engine.weights import WeightStore
+from aiperf.metrics.score import compute_score
+from aiperf.record.ledger import LedgerWriter, read_ledger
+from aiperf.record.summary import summarize
 from nas import zoo
 
 
@@ -212,7 +212,7 @@ def test_the_simulated_pool_lists_free_workers_as_a_full_sort_would(tmp_path, mo
 
 
 def test_every_record_is_durable_before_the_master_submits_more_work(tmp_path, monkeypatch):
-    import aiperf.ledger as ledger_module
+    import aiperf.record.ledger as ledger_module
 
     ledger_path = tmp_path / "ledger.jsonl"
     synced = {"size": 0, "count": 0}

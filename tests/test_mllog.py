@@ -7,9 +7,9 @@ from collections import Counter
 
 import pytest
 
-from aiperf.ledger import LedgerWriter, read_ledger
-from aiperf.mllog import MLLOG_NAME, PREFIX, attach, parse, render
-from aiperf.score import compute_score
+from aiperf.metrics.score import compute_score
+from aiperf.record.ledger import LedgerWriter, read_ledger
+from aiperf.record.mllog import MLLOG_NAME, PREFIX, attach, parse, render
 
 HEADER_KEYS = ["submission_benchmark", "submission_org", "submission_division", "submission_status",
                "submission_platform", "number_of_nodes", "accelerators_per_node", "train_samples", "eval_samples",

@@ -23,7 +23,7 @@ import pytest
 from conftest import REPO, aiperf_cmd, cli_env
 
 from aiperf.cluster.ray_session import non_loopback_listeners
-from aiperf.ledger import read_ledger
+from aiperf.record.ledger import read_ledger
 
 pytestmark = pytest.mark.slow
 

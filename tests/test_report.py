@@ -14,9 +14,9 @@ from PIL import Image
 
 from aiperf.cli import main
 from aiperf.errors import AiperfError
-from aiperf.ledger import read_ledger
-from aiperf.report import REPORT_NAME, write_report
-from aiperf.telemetry import TELEMETRY_NAME
+from aiperf.record.ledger import read_ledger
+from aiperf.record.report import REPORT_NAME, write_report
+from aiperf.record.telemetry import TELEMETRY_NAME
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",

@@ -1,4 +1,4 @@
-"""`aiperf.results.load`: the ledger as DataFrames that agree with the score and summary."""
+"""`aiperf.record.results.load`: the ledger as DataFrames that agree with the score and summary."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 
 from aiperf.errors import AiperfError
-from aiperf.ledger import LedgerWriter, read_ledger
-from aiperf.results import load, master_time
-from aiperf.telemetry import TELEMETRY_NAME
+from aiperf.record.ledger import LedgerWriter, read_ledger
+from aiperf.record.results import load, master_time
+from aiperf.record.telemetry import TELEMETRY_NAME
 
 
 def test_frames_agree_with_the_ledger_and_the_summary(sim_run):

@@ -7,8 +7,8 @@ import copy
 import pytest
 
 from aiperf.errors import AiperfError
-from aiperf.rules import evaluate_rules
-from aiperf.score import compute_score
+from aiperf.metrics.rules import evaluate_rules
+from aiperf.metrics.score import compute_score
 
 RULES = {"min_accuracy": 0.95, "official_min_duration_s": 3600.0, "min_precision_bits": 16}
 

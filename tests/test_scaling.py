@@ -8,10 +8,10 @@ import pandas as pd
 import pytest
 
 from aiperf.cli import main
+from aiperf.engine.scaling import scaling_command, scaling_table
 from aiperf.errors import AiperfError
-from aiperf.ledger import read_ledger
-from aiperf.scaling import scaling_command, scaling_table
-from aiperf.verify import verify_run
+from aiperf.record.ledger import read_ledger
+from aiperf.record.verify import verify_run
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from aiperf.score import compute_score, format_ops, quality_factor, score_timeline
+from aiperf.metrics.score import compute_score, format_ops, quality_factor, score_timeline
 
 
 def epoch(t, trial, n, ops, val_acc, aiperf_ops=None):

@@ -9,9 +9,9 @@ import types
 import pytest
 
 from aiperf.errors import AiperfError
-from aiperf.ledger import LedgerWriter
-from aiperf.summary import build_summary, format_summary
-from aiperf.telemetry import TELEMETRY_NAME, NodeSampler, TelemetryRecorder, read_telemetry, summarize_telemetry
+from aiperf.record.ledger import LedgerWriter
+from aiperf.record.summary import build_summary, format_summary
+from aiperf.record.telemetry import TELEMETRY_NAME, NodeSampler, TelemetryRecorder, read_telemetry, summarize_telemetry
 
 
 class _NVMLError(Exception):

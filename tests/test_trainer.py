@@ -11,8 +11,8 @@ from conftest import REPO, cli_env
 
 from aiperf.config import DatasetConfig
 from aiperf.datasets import load_dataset
-from aiperf.trainer import TrainerSettings, TrialRunner, batch_limit, classification_metrics, evaluate_weights
-from aiperf.trial import TrialSpec, inherit_weights
+from aiperf.training.trainer import TrainerSettings, TrialRunner, batch_limit, classification_metrics, evaluate_weights
+from aiperf.training.trial import TrialSpec, inherit_weights
 from nas import zoo
 from nas.morph import Morph, apply_morph
 
@@ -152,8 +152,8 @@ else:
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 from aiperf.config import DatasetConfig
 from aiperf.datasets import load_dataset
-from aiperf.trainer import TrainerSettings, TrialRunner
-from aiperf.trial import TrialSpec
+from aiperf.training.trainer import TrainerSettings, TrialRunner
+from aiperf.training.trial import TrialSpec
 from nas import zoo
 ds = load_dataset(DatasetConfig(name="digits"))
 g = zoo.small_resnet((8, 8, 1), 10, width=8)

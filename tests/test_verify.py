@@ -8,8 +8,8 @@ import shutil
 import pytest
 
 from aiperf.cli import main
-from aiperf.ledger import canonical, read_ledger, record_hash
-from aiperf.verify import verify_run
+from aiperf.record.ledger import canonical, read_ledger, record_hash
+from aiperf.record.verify import verify_run
 
 
 @pytest.fixture

@@ -55,7 +55,7 @@ def probe_this_node() -> dict[str, Any]:
     """Facts only the node itself can tell (runs on the node, as a Ray task or locally)."""
     import psutil
 
-    from aiperf.backend import cpu_model, nvidia_gpus
+    from aiperf.training.backend import cpu_model, nvidia_gpus
 
     return {
         "hostname": socket.gethostname(),

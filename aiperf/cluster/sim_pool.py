@@ -19,7 +19,7 @@ from typing import Any
 
 from aiperf.cluster.plan import Plan, Slot
 from aiperf.cluster.pool import FreeWorkers, PoolEvent, WorkerPool
-from aiperf.trial import TrialSpec
+from aiperf.training.trial import TrialSpec
 
 AccuracyFn = Callable[[TrialSpec, int], float]
 
@@ -205,7 +205,7 @@ class SimulatedWorkerPool(WorkerPool):
         """Fixed ``epoch_s``, or the epoch's counted operations at ``device_ops_per_s``."""
         if not self.device_ops_per_s:
             return self.epoch_s
-        from aiperf.flops import count_flops, epoch_operations
+        from aiperf.metrics.flops import count_flops, epoch_operations
 
         cost = count_flops(spec.architecture())
         train, evaluate = epoch_operations(cost, self.images[0], self.images[1], int(spec.hparams["batch_size"]))

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from aiperf.datasets.base import Dataset
-from aiperf.trial import TrialSpec, Weights
+from aiperf.training.trial import TrialSpec, Weights
 
 
 class TrialWorker:
@@ -33,10 +33,10 @@ class TrialWorker:
         data_parallel: int = 1,
     ) -> None:
         t0 = time.monotonic()
-        from aiperf.backend import choose_jit, choose_precision, configure_process, describe_device, versions
+        from aiperf.training.backend import choose_jit, choose_precision, configure_process, describe_device, versions
 
         configure_process(backend, threads)
-        from aiperf.trainer import TrainerSettings, TrialRunner
+        from aiperf.training.trainer import TrainerSettings, TrialRunner
 
         self.worker_id = worker_id
         self.backend = backend

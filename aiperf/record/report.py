@@ -16,11 +16,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from aiperf import plots
 from aiperf.errors import AiperfError
-from aiperf.results import RunResults, load
-from aiperf.score import format_ops, score_timeline
-from aiperf.summary import build_summary, format_telemetry
+from aiperf.metrics.score import format_ops, score_timeline
+from aiperf.record import plots
+from aiperf.record.results import RunResults, load
+from aiperf.record.summary import build_summary, format_telemetry
 
 REPORT_NAME = "report.html"
 TOP_ARCHITECTURES = 15

@@ -20,9 +20,9 @@ from typing import Any, TextIO
 
 from aiperf.config import Config, config_from_dict
 from aiperf.datasets import Dataset, load_dataset
+from aiperf.engine.weights import WeightStore
 from aiperf.errors import AiperfError
-from aiperf.ledger import LedgerWriter, read_ledger
-from aiperf.weights import WeightStore
+from aiperf.record.ledger import LedgerWriter, read_ledger
 from nas.errors import NasError
 from nas.graph import Graph
 from nas.morph import Morph
@@ -118,7 +118,7 @@ def _search_settings(cfg: Config, plan_batch: int) -> Any:
 
 def make_search(cfg: Config, seed_graph: Graph, plan_batch: int) -> Any:
     """The proposer for this config: BO or random architecture search interleaved with TPE."""
-    from aiperf.flops import count_flops
+    from aiperf.metrics.flops import count_flops
     from nas.limits import Limits
     from nas.search import make_proposer
 
@@ -184,10 +184,10 @@ def run_benchmark(
     from aiperf.cluster.pool import RayWorkerPool
     from aiperf.cluster.ray_session import start_ray
     from aiperf.cluster.resources import cluster_nodes
-    from aiperf.master import Master, MasterSettings
-    from aiperf.progress import Progress
-    from aiperf.summary import format_summary, write_summary
-    from aiperf.telemetry import TelemetryRecorder
+    from aiperf.engine.master import Master, MasterSettings
+    from aiperf.engine.progress import Progress
+    from aiperf.record.summary import format_summary, write_summary
+    from aiperf.record.telemetry import TelemetryRecorder
 
     out = out or sys.stdout
     previous: list[dict[str, Any]] = []
@@ -324,14 +324,14 @@ def _restore(records: list[dict[str, Any]], proposer: Any, weights: WeightStore)
 
 def _attach_observers(run_dir: Path, ledger: LedgerWriter, cfg: Config) -> None:
     """Hook the per-record writers (the MLPerf-style log) onto the ledger."""
-    from aiperf.mllog import attach as attach_mllog
+    from aiperf.record.mllog import attach as attach_mllog
 
     attach_mllog(run_dir, ledger, cfg)
 
 
 def _after_run(run_dir: Path, out: TextIO) -> None:
     """Write the HTML report next to the summary; a report that cannot be drawn never fails the run."""
-    from aiperf.report import write_report
+    from aiperf.record.report import write_report
 
     try:
         path = write_report(run_dir)

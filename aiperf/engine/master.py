@@ -2,7 +2,7 @@
 
 It composes three replaceable parts — a :class:`~nas.proposer.Proposer` (what to try
 next), a :class:`~aiperf.cluster.pool.WorkerPool` (where and how trials run) and a
-:class:`~aiperf.ledger.LedgerWriter` (what happened) — so it can be tested in
+:class:`~aiperf.record.ledger.LedgerWriter` (what happened) — so it can be tested in
 milliseconds with an in-process pool and scaled to thousands of simulated workers.
 
 Time: everything is measured on this process's clock (the ledger's ``t``), never on a
@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from aiperf.cluster.pool import PoolEvent, WorkerPool
-from aiperf.flops import GraphCost, aiperf_compatible_operations, count_flops, epoch_operations
-from aiperf.ledger import LedgerWriter
-from aiperf.model import apply_hparams
-from aiperf.progress import Progress
-from aiperf.trial import TrialSpec
-from aiperf.weights import WeightStore
+from aiperf.engine.progress import Progress
+from aiperf.engine.weights import WeightStore
+from aiperf.metrics.flops import GraphCost, aiperf_compatible_operations, count_flops, epoch_operations
+from aiperf.record.ledger import LedgerWriter
+from aiperf.training.model import apply_hparams
+from aiperf.training.trial import TrialSpec
 from nas.proposer import Proposer, TrialProposal
 from nas.serialize import graph_to_dict
 

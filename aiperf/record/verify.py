@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from aiperf.errors import AiperfError
-from aiperf.flops import GraphCost, aiperf_compatible_operations, count_flops, epoch_operations
-from aiperf.ledger import iter_ledger, record_hash
-from aiperf.score import format_ops
-from aiperf.summary import SUMMARY_NAME, build_summary
+from aiperf.metrics.flops import GraphCost, aiperf_compatible_operations, count_flops, epoch_operations
+from aiperf.metrics.score import format_ops
+from aiperf.record.ledger import iter_ledger, record_hash
+from aiperf.record.summary import SUMMARY_NAME, build_summary
 from nas.errors import NasError
 from nas.graph import Graph
 from nas.serialize import graph_from_dict

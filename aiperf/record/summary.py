@@ -13,10 +13,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from aiperf.ledger import read_ledger
-from aiperf.rules import evaluate_rules
-from aiperf.score import compute_score, format_ops
-from aiperf.telemetry import read_telemetry, summarize_telemetry
+from aiperf.metrics.rules import evaluate_rules
+from aiperf.metrics.score import compute_score, format_ops
+from aiperf.record.ledger import read_ledger
+from aiperf.record.telemetry import read_telemetry, summarize_telemetry
 
 SUMMARY_NAME = "summary.json"
 

@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from aiperf.backend import is_out_of_memory
 from aiperf.datasets.base import Dataset
-from aiperf.input_pipeline import TrainInput, eval_batch_size, predict_all
-from aiperf.model import apply_hparams, build_model, get_weights, set_weights
-from aiperf.trial import TrialSpec, Weights, inherit_weights
+from aiperf.training.backend import is_out_of_memory
+from aiperf.training.input_pipeline import TrainInput, eval_batch_size, predict_all
+from aiperf.training.model import apply_hparams, build_model, get_weights, set_weights
+from aiperf.training.trial import TrialSpec, Weights, inherit_weights
 
 ACTIVATION_MEMORY_FRACTION = 0.6
 
@@ -81,7 +81,7 @@ class TrialRunner:
     def __init__(self, dataset: Dataset, settings: TrainerSettings, backend: str | None = None) -> None:
         import keras
 
-        from aiperf.backend import DataParallel
+        from aiperf.training.backend import DataParallel
 
         self.dataset = dataset
         self.settings = settings

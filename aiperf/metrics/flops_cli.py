@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 from aiperf.errors import AiperfError
-from aiperf.flops import aiperf_compatible_per_image, count_flops, format_table
-from aiperf.score import format_ops
+from aiperf.metrics.flops import aiperf_compatible_per_image, count_flops, format_table
+from aiperf.metrics.score import format_ops
 from nas.errors import NasError
 from nas.graph import Graph
 
@@ -18,7 +18,7 @@ def load_graph(path: str) -> Graph:
     """An architecture JSON (``nas.serialize``) or a saved Keras model, as a graph."""
     try:
         if Path(path).suffix.lower() in KERAS_SUFFIXES:
-            from aiperf.keras_import import graph_from_keras_file
+            from aiperf.training.keras_import import graph_from_keras_file
 
             return graph_from_keras_file(path)
         from nas.serialize import load

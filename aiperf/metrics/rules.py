@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from aiperf.errors import AiperfError
-from aiperf.score import Score, compute_score
+from aiperf.metrics.score import Score, compute_score
 
 # Keras dtype policies and the width of the floating-point format they train in.
 FLOAT_POLICY_BITS = {

@@ -6,7 +6,7 @@ Each line is ``:::MLLOG {json}`` with the fields in MLPerf's order — ``namespa
 (mlcommons/logging ``mllog/constants.py``). The log is derived from the ledger alone, record
 by record (every line's metadata names the ledger ``seq`` it came from), so it can always be
 regenerated and ``aiperf verify`` could compare it; it is written while the run goes,
-one flushed line at a time, by a subscriber on the :class:`~aiperf.ledger.LedgerWriter`.
+one flushed line at a time, by a subscriber on the :class:`~aiperf.record.ledger.LedgerWriter`.
 
 Trials run concurrently, so epochs interleave: every ``epoch_start``/``epoch_stop``/
 ``eval_accuracy`` carries ``trial`` and MLPerf's ``epoch_num`` in its metadata. An epoch
@@ -21,8 +21,8 @@ import json
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from aiperf.ledger import LedgerWriter, read_ledger
-from aiperf.score import compute_score
+from aiperf.metrics.score import compute_score
+from aiperf.record.ledger import LedgerWriter, read_ledger
 
 MLLOG_NAME = "mllog.txt"
 PREFIX = ":::MLLOG "

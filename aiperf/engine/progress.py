@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
-from aiperf.score import format_ops
+from aiperf.metrics.score import format_ops
 
 
 def format_elapsed(seconds: float) -> str:

@@ -369,7 +369,7 @@ def graph_from_keras(model: Any) -> Graph:
 def weights_from_keras(model: Any, graph: Graph) -> Weights:
     """The model's weights keyed by the node ids of ``graph`` (which must be this model's import).
 
-    With them, ``aiperf.model.build_model(graph)`` computes the same function as ``model``.
+    With them, ``aiperf.training.model.build_model(graph)`` computes the same function as ``model``.
     """
     imported, weights = import_keras(model)
     if imported != graph:

@@ -49,7 +49,7 @@ BN_PARAM_GRAD_PER_CHANNEL = 3  # da - mean * db (2), dgamma = da * r
 BN_INPUT_GRAD_PER_CHANNEL = 8  # dr, dvar = dr * (-1/2) r^3 (4), dmean, dmean / m, 2 dvar / m
 DROPOUT_FORWARD_PER_ELEMENT = 3  # compare the random draw, * 1/(1 - rate), * mask
 DROPOUT_BACKWARD_PER_ELEMENT = 2  # dy * mask * 1/(1 - rate)
-# Optimizer (aiperf/trainer.py): SGD with Nesterov momentum, decoupled weight decay on kernels.
+# Optimizer (aiperf/training/trainer.py): SGD with Nesterov momentum, decoupled weight decay on kernels.
 SGD_NESTEROV_OPS_PER_PARAM = 7  # m = m*mu - g*lr (3); w += m*mu - g*lr (4)
 WEIGHT_DECAY_OPS_PER_KERNEL_PARAM = 3  # w - w * wd * lr
 LOSS_OPS_PER_STEP = 2  # the batch mean's division and the upstream gradient 1/N
@@ -332,7 +332,7 @@ def _integer(value: float) -> str:
 
 def format_table(cost: GraphCost, batch_size: int | None = None) -> str:
     """Per-layer table (layer, output shape, params, forward, backward per image), then the totals."""
-    from aiperf.score import format_ops
+    from aiperf.metrics.score import format_ops
 
     header = ("layer", "output shape", "params", "forward", "backward")
     rows = [

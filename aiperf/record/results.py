@@ -16,8 +16,8 @@ from typing import Any
 
 import pandas as pd
 
-from aiperf.ledger import read_ledger
-from aiperf.telemetry import read_telemetry
+from aiperf.record.ledger import read_ledger
+from aiperf.record.telemetry import read_telemetry
 
 EPOCH_COLUMNS = [
     "seq",

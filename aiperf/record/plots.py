@@ -1,6 +1,6 @@
 """The report's figures, drawn with matplotlib's object API on the Agg canvas (no display, no pyplot state).
 
-Every function takes plain data (frames from :mod:`aiperf.results`, score timeline points)
+Every function takes plain data (frames from :mod:`aiperf.record.results`, score timeline points)
 and returns PNG bytes, or ``None`` when there is nothing to draw, so the report can say so
 instead of showing an empty frame.
 """
@@ -18,7 +18,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from aiperf.score import format_ops
+from aiperf.metrics.score import format_ops
 
 WIDTH, HEIGHT, DPI = 6.4, 3.4, 110
 MAX_LEGEND = 10

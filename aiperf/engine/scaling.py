@@ -31,7 +31,7 @@ import pandas as pd
 
 from aiperf.config import Config, load_config
 from aiperf.errors import AiperfError
-from aiperf.score import format_ops
+from aiperf.metrics.score import format_ops
 
 TABLE_COLUMNS = [
     "nodes",
@@ -75,12 +75,12 @@ def simulate_run(
     exactly as in a real run of the same architectures.
     """
     from aiperf.cluster.sim_pool import HybridClock, SimulatedWorkerPool
-    from aiperf.ledger import LedgerWriter
-    from aiperf.master import Master, MasterSettings
-    from aiperf.mllog import attach as attach_mllog
-    from aiperf.run import make_search, software_versions
-    from aiperf.summary import write_summary
-    from aiperf.weights import WeightStore
+    from aiperf.engine.master import Master, MasterSettings
+    from aiperf.engine.run import make_search, software_versions
+    from aiperf.engine.weights import WeightStore
+    from aiperf.record.ledger import LedgerWriter
+    from aiperf.record.mllog import attach as attach_mllog
+    from aiperf.record.summary import write_summary
 
     sim = sim or SimulationSettings()
     if nodes < 1 or sim.workers_per_node < 1:
@@ -191,7 +191,7 @@ def markdown(table: pd.DataFrame, title: str) -> str:
 
 def write_outputs(table: pd.DataFrame, out_dir: Path, title: str) -> list[Path]:
     """``scaling.csv``, ``scaling.md`` and ``scaling.png`` in ``out_dir``."""
-    from aiperf import plots
+    from aiperf.record import plots
 
     out_dir.mkdir(parents=True, exist_ok=True)
     csv, md, png = out_dir / "scaling.csv", out_dir / "scaling.md", out_dir / "scaling.png"
@@ -210,7 +210,7 @@ def simulated_study(
 ) -> pd.DataFrame:
     """Simulate every size in ``counts`` with the same config, seed and simulated hardware."""
     from aiperf.datasets import load_dataset
-    from aiperf.run import seed_architecture
+    from aiperf.engine.run import seed_architecture
 
     dataset = load_dataset(cfg.dataset)
     seed_graph = seed_architecture(cfg, dataset)
@@ -230,7 +230,7 @@ def real_study(
     """A real run per size, each held to exactly N nodes of the cluster by ``cluster.max_nodes``."""
     from aiperf.cluster.ray_session import start_ray
     from aiperf.cluster.resources import cluster_nodes
-    from aiperf.run import run_benchmark
+    from aiperf.engine.run import run_benchmark
 
     cfg = load_config(config, overrides)
     session = start_ray(address or cfg.cluster.address)
