@@ -9,10 +9,12 @@ error path.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from aiperf.errors import AiperfError
 from nas.errors import NasError
@@ -23,6 +25,14 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise AiperfError(f"{self.prog}: {message} (see {self.prog} --help)")
+
+
+class _VerboseSubParser(_Parser):
+    """A sub-command parser that also takes ``-v`` after the command (``aiperf run -v``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS, help="as aiperf -v")
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -43,13 +53,40 @@ def _config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--address", default=None, help="Ray cluster to join (default: RAY_ADDRESS, else start locally)")
 
 
+def _version() -> str:
+    from aiperf import __version__
+
+    return __version__
+
+
+def _configure_logging(verbosity: int) -> None:
+    """Module loggers of ``aiperf`` and ``nas`` to stderr at the level ``-v`` asks for (quiet by default)."""
+    if verbosity <= 0:
+        return
+    level = logging.INFO if verbosity == 1 else logging.DEBUG
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    for name in ("aiperf", "nas"):
+        log = logging.getLogger(name)
+        log.setLevel(level)
+        log.addHandler(handler)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="aiperf",
         description="AutoML benchmark for AI supercomputers: counted OPS of a "
         "network-morphism architecture search on Ray.",
     )
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser.add_argument("--version", action="version", version=f"aiperf {_version()}")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="log what the engine does on stderr (-v: info, -vv: debug, including errors it tolerated)",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_VerboseSubParser)
 
     run = sub.add_parser("run", help="run the benchmark (default config: MNIST digits, ~5 minutes)")
     _config_args(run)
@@ -188,6 +225,7 @@ COMMANDS = {
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
+        _configure_logging(args.verbose)
         return COMMANDS[args.command](args)
     except AiperfError as exc:
         print(f"aiperf: error: {exc}", file=sys.stderr)

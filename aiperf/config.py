@@ -1,4 +1,4 @@
-"""Run configuration: YAML files under ``configs/`` validated into typed sections.
+"""Run configuration: YAML files (built-ins in ``aiperf/configs/``) validated into typed sections.
 
 Validation is strict (unknown keys are errors) and every problem is reported as one line
 naming the dotted key, e.g. ``config error: train.batch_size: must be >= 1 (got 0)``.
@@ -174,9 +174,9 @@ def _format_error(exc: ValidationError) -> str:
 
 
 def _builtin_path(name: str) -> Path | None:
-    repo = Path(__file__).resolve().parent.parent / "configs" / f"{name}.yaml"
-    if repo.is_file():
-        return repo
+    """The packaged ``aiperf/configs/<name>.yaml`` (shipped in the wheel; ``configs/`` in a checkout links to it)."""
+    if name not in BUILTIN_CONFIGS:
+        return None
     packaged = resources.files("aiperf") / "configs" / f"{name}.yaml"
     return Path(str(packaged)) if packaged.is_file() else None
 

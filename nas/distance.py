@@ -112,11 +112,6 @@ def skip_cost_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.where(type_a == type_b, gap / scale, 1.0)
 
 
-def skip_distance(a: np.ndarray, b: np.ndarray) -> float:
-    """Minimum-cost matching of two skip lists (S, 3); every unmatched skip costs 1."""
-    return float(skip_distances([a], [b])[0])
-
-
 def skip_distances(left: Sequence[np.ndarray], right: Sequence[np.ndarray]) -> np.ndarray:
     """Skip matching distance for each pair of skip lists, cost matrices built in one batch.
 

@@ -45,7 +45,6 @@ from nas.graph import CHANNELWISE_OPS, MAX_CHANNELS, MAX_UNITS, Graph, Node, mak
 Weights = dict[int, list[np.ndarray]]
 KINDS = ("deeper", "wider", "add_skip", "concat_skip")
 SPLIT_JITTER = 0.2
-KERNEL_SIZES = (1, 3, 5, 7)
 _NONNEGATIVE_ACTIVATIONS = frozenset({"relu", "relu6", "sigmoid", "hard_sigmoid", "softmax"})
 _SIGN_KEEPING_OPS = frozenset({"pool", "gpool", "dropout", "zeropad", "flatten", "reshape", "add", "concat"})
 # Ops a ``wider`` demand may walk back through to reach the producers of an add.

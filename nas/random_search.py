@@ -21,7 +21,6 @@ from nas.morph import Morph, random_morph
 
 Accept = Callable[[Graph], bool]
 Taken = Callable[[str], bool]
-STATUSES = ("pending", "partial", "final")
 
 
 @dataclass(frozen=True)

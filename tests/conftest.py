@@ -2,26 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parent.parent
-
-
-def aiperf_cmd(*args: str) -> list[str]:
-    """The CLI as a user runs it, from this interpreter (works with or without an installed script)."""
-    return [sys.executable, "-m", "aiperf.cli", *args]
-
-
-def cli_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    return env
+from helpers import REPO, aiperf_cmd, cli_env, simulated_run
 
 
 @pytest.fixture(scope="session")
@@ -40,24 +25,6 @@ def smoke_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert len(runs) == 1, runs
     return runs[0], proc
-
-
-SIM_DATASET = {
-    "name": "digits-sim", "num_classes": 10, "input_shape": [8, 8, 1], "train_images": 1438, "eval_images": 359,
-    "split": {"method": "stratified", "seed": 0, "disjoint": True}, "fingerprint": "0" * 64,
-}  # fmt: skip
-
-
-def simulated_run(run_dir: Path) -> Path:
-    """A complete run directory from the real master and search on a simulated 2-node pool (~2 s)."""
-    from aiperf.config import load_config
-    from aiperf.engine.scaling import SimulationSettings, simulate_run
-    from nas import zoo
-
-    cfg = load_config("smoke", ["run.time_budget_s=120"])
-    sim = SimulationSettings(workers_per_node=2, device_ops_per_s=3e8, startup_s=0.5)
-    simulate_run(cfg, 2, run_dir, zoo.small_resnet((8, 8, 1), 10, width=8), SIM_DATASET, sim)
-    return run_dir
 
 
 @pytest.fixture(scope="session")

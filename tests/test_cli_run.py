@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, aiperf_cmd, cli_env
+from helpers import REPO, aiperf_cmd, cli_env
 
 from aiperf.record.ledger import read_ledger, record_hash
 

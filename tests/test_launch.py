@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from helpers import REPO
 
 SBATCH = REPO / "launch" / "aiperf.sbatch"
 RAY_NODE = REPO / "launch" / "ray_node.sh"

@@ -23,7 +23,8 @@ keras = pytest.importorskip("keras")
 import backend_check  # noqa: E402 - tests/ is on sys.path under pytest
 
 from aiperf.errors import AiperfError  # noqa: E402
-from aiperf.training.model import apply_hparams, build_model, get_weights, set_weights  # noqa: E402
+from aiperf.training.model import build_model, get_weights, set_weights  # noqa: E402
+from aiperf.training.trial import apply_hparams  # noqa: E402
 from nas import zoo  # noqa: E402
 from nas.forward import forward, init_weights  # noqa: E402
 from nas.morph import Morph, apply_morph  # noqa: E402

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import REPO, aiperf_cmd, cli_env
+from helpers import REPO, aiperf_cmd, cli_env
 
 from aiperf.cluster.ray_session import non_loopback_listeners
 from aiperf.record.ledger import read_ledger

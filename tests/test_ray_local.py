@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import REPO, aiperf_cmd, cli_env
+from helpers import REPO, aiperf_cmd, cli_env
 
 pytestmark = pytest.mark.slow
 

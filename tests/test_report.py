@@ -9,7 +9,7 @@ import shutil
 import subprocess
 
 import pytest
-from conftest import simulated_run
+from helpers import simulated_run
 from PIL import Image
 
 from aiperf.cli import main

@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import REPO, cli_env
+from helpers import REPO, cli_env
 
 from aiperf.config import DatasetConfig
 from aiperf.datasets import load_dataset

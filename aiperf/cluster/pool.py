@@ -9,14 +9,16 @@ actors and streaming generators; tests and the scale simulator implement it in-p
 from __future__ import annotations
 
 import bisect
-import contextlib
 import itertools
+import logging
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiperf.cluster.plan import Plan, Slot, make_plan
+
+logger = logging.getLogger(__name__)
 
 EVENT_KINDS = ("ready", "start", "epoch", "done", "failed", "lost")
 
@@ -202,7 +204,8 @@ class RayWorkerPool(WorkerPool):
 
         try:
             nodes = cluster_nodes(probe=False)  # counts only: a probe would block this loop on a dying node
-        except Exception:
+        except Exception as exc:  # the head is busy or restarting: try again at the next re-sync
+            logger.debug("re-sync skipped: listing the cluster's nodes failed: %s", exc)
             return []
         plan = make_plan(nodes, self._cfg)
         alive_nodes = {n.node_id for n in nodes}
@@ -264,8 +267,10 @@ class RayWorkerPool(WorkerPool):
         w.tasks.clear()
         self._refresh_free(w)
         events.append(PoolEvent("lost", w.worker_id, error=why, worker_lost=True))
-        with contextlib.suppress(Exception):
+        try:
             self._ray.kill(w.actor, no_restart=True)
+        except Exception as exc:  # already gone with its process or node
+            logger.debug("killing lost worker %s: %s", w.worker_id, exc)
         return events
 
     def wait(self, timeout: float) -> list[PoolEvent]:
@@ -359,13 +364,17 @@ class RayWorkerPool(WorkerPool):
             ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=5)
             for wid, ref in refs.items():
                 if ref in ready:
-                    with contextlib.suppress(Exception):
+                    try:
                         stats[wid] = ray.get(ref)
+                    except Exception as exc:  # died while retiring: the master's own accounting remains
+                        logger.debug("final stats of worker %s unavailable: %s", wid, exc)
         for w in alive:
             w.alive = False
             self._refresh_free(w)
-            with contextlib.suppress(Exception):
+            try:
                 ray.kill(w.actor, no_restart=True)
+            except Exception as exc:
+                logger.debug("killing worker %s at the end: %s", w.worker_id, exc)
         return stats
 
 

@@ -9,12 +9,14 @@ uses the probe to size batches and to warn about accelerators Ray does not sched
 
 from __future__ import annotations
 
-import contextlib
+import logging
 import os
 import platform
 import socket
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 ACCELERATOR_TYPE_PREFIX = "accelerator_type:"  # Ray's per-node resource naming the GPU model
 
@@ -109,14 +111,17 @@ def cluster_nodes(probe: bool = True, timeout_s: float = 60.0) -> list[NodeInfo]
         ]
         ready, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
         for ref in pending:
-            with contextlib.suppress(Exception):
+            try:
                 ray.cancel(ref, force=True)
+            except Exception as exc:  # the probe finished or its node died meanwhile
+                logger.debug("cancelling a node probe: %s", exc)
         for n, ref in zip(nodes, refs, strict=True):
             if ref not in ready:
                 continue
             try:
                 facts = ray.get(ref)
-            except Exception:
+            except Exception as exc:  # a probe that fails leaves the node described by Ray's counts only
+                logger.debug("probe of node %s failed: %s", n.node_id, exc)
                 continue
             apply_probe(n, facts)
     nodes.sort(key=lambda n: (not n.is_head, n.node_id))

@@ -8,6 +8,7 @@ gaps between trials, which the master records per worker.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -16,6 +17,8 @@ from typing import Any
 
 from aiperf.datasets.base import Dataset
 from aiperf.training.trial import TrialSpec, Weights
+
+logger = logging.getLogger(__name__)
 
 
 class TrialWorker:
@@ -69,8 +72,8 @@ class TrialWorker:
             import ray
 
             node_id = ray.get_runtime_context().get_node_id()
-        except Exception:
-            pass
+        except Exception as exc:  # outside Ray (tests, benchmarks): no node id to report
+            logger.debug("no Ray node id: %s", exc)
         return {
             "worker": self.worker_id,
             "node": node_id,

@@ -22,8 +22,7 @@ from aiperf.engine.progress import Progress
 from aiperf.engine.weights import WeightStore
 from aiperf.metrics.flops import GraphCost, aiperf_compatible_operations, count_flops, epoch_operations
 from aiperf.record.ledger import LedgerWriter
-from aiperf.training.model import apply_hparams
-from aiperf.training.trial import TrialSpec
+from aiperf.training.trial import TrialSpec, apply_hparams
 from nas.proposer import Proposer, TrialProposal
 from nas.serialize import graph_to_dict
 

@@ -22,9 +22,9 @@ answered. A node that failed to answer gets ``{"wall": ..., "node": ..., "error"
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
+import logging
 import math
 import threading
 import time
@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from aiperf.errors import AiperfError
+
+logger = logging.getLogger(__name__)
 
 TELEMETRY_NAME = "telemetry.jsonl"
 _SAMPLE_TIMEOUT_S = 10.0  # a node slower than this to answer misses the sample, not the run
@@ -176,8 +178,10 @@ class TelemetryRecorder:
             import ray
 
             for actor in self._actors.values():
-                with contextlib.suppress(Exception):  # already gone with its node
+                try:
                     ray.kill(actor)
+                except Exception as exc:  # already gone with its node
+                    logger.debug("releasing a telemetry sampler: %s", exc)
             self._actors.clear()
         if self._fh is not None and not self._fh.closed:
             self._fh.close()

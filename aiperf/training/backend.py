@@ -9,6 +9,7 @@ here, one function each.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import platform
 import shutil
@@ -18,6 +19,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from aiperf.errors import AiperfError
+
+logger = logging.getLogger(__name__)
 
 BACKENDS = ("tensorflow", "jax", "torch")
 
@@ -214,8 +217,8 @@ def versions(backend: str) -> dict[str, str]:
             out["torch"] = torch.__version__
             if torch.version.cuda:
                 out["cuda"] = torch.version.cuda
-    except Exception:
-        pass
+    except Exception as exc:  # a framework without build info: the versions above still stand
+        logger.debug("framework version details unavailable: %s", exc)
     gpus = nvidia_gpus()
     if gpus:
         out["driver"] = gpus[0]["driver"]

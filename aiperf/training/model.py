@@ -153,10 +153,3 @@ def set_weights(model: Any, graph: Graph, weights: Weights) -> int:
         layer.set_weights(arrays)
         count += 1
     return count
-
-
-def apply_hparams(graph: Graph, hparams: dict[str, Any]) -> Graph:
-    """The graph as it must be built for these hyperparameters (the dropout rate on every dropout)."""
-    if "dropout" in hparams:
-        return graph.with_dropout(float(hparams["dropout"]))
-    return graph

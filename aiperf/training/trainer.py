@@ -20,8 +20,8 @@ import numpy as np
 from aiperf.datasets.base import Dataset
 from aiperf.training.backend import is_out_of_memory
 from aiperf.training.input_pipeline import TrainInput, eval_batch_size, predict_all
-from aiperf.training.model import apply_hparams, build_model, get_weights, set_weights
-from aiperf.training.trial import TrialSpec, Weights, inherit_weights
+from aiperf.training.model import build_model, get_weights, set_weights
+from aiperf.training.trial import TrialSpec, Weights, apply_hparams, inherit_weights
 
 ACTIVATION_MEMORY_FRACTION = 0.6
 

@@ -53,6 +53,17 @@ class TrialSpec:
         return graph_from_dict(self.graph)
 
 
+def apply_hparams(graph: Graph, hparams: dict[str, Any]) -> Graph:
+    """The graph as it must be built for these hyperparameters (the dropout rate on every dropout).
+
+    Lives beside the trial spec, not the model builder, so the master can compute the
+    architecture a worker will build (and count its FLOPs) without importing Keras code.
+    """
+    if "dropout" in hparams:
+        return graph.with_dropout(float(hparams["dropout"]))
+    return graph
+
+
 def inherit_weights(spec: TrialSpec, parent_weights: Weights) -> Weights:
     """Replay the spec's morphs on the parent's trained weights, giving function-preserving child weights.
 

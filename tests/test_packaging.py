@@ -1,0 +1,104 @@
+"""The package as users get it: version, public API, built-in configs shipped inside it, CLI flags."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+from importlib import resources
+
+from helpers import aiperf_cmd, cli_env
+
+import aiperf
+from aiperf.config import BUILTIN_CONFIGS, load_config
+
+
+def test_version_is_the_installed_distribution_version():
+    from importlib import metadata
+
+    assert aiperf.__version__ == metadata.version("aiperf")
+    proc = subprocess.run(aiperf_cmd("--version"), capture_output=True, text=True, env=cli_env(), timeout=60)
+    assert proc.returncode == 0
+    assert proc.stdout.strip() == f"aiperf {aiperf.__version__}"
+
+
+def test_every_public_name_resolves_and_import_stays_light():
+    for name in aiperf.__all__:
+        assert getattr(aiperf, name) is not None, name
+    # A fresh interpreter: importing the package pulls in neither Ray nor a deep-learning framework.
+    heavy = "('ray', 'keras', 'tensorflow', 'jax', 'torch')"
+    code = f"import sys, aiperf; print(sorted(m for m in {heavy} if m in sys.modules))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), timeout=60)
+    assert proc.stdout.strip() == "[]", proc.stdout + proc.stderr
+
+
+def test_unknown_public_name_is_an_attribute_error():
+    try:
+        aiperf.no_such_thing  # noqa: B018
+    except AttributeError as exc:
+        assert "no_such_thing" in str(exc)
+    else:
+        raise AssertionError("expected AttributeError")
+
+
+def test_builtin_configs_are_package_data_not_repository_files():
+    shipped = sorted(
+        p.name[: -len(".yaml")] for p in (resources.files("aiperf") / "configs").iterdir() if p.name.endswith(".yaml")
+    )
+    assert shipped == sorted(BUILTIN_CONFIGS)
+    for name in BUILTIN_CONFIGS:
+        assert load_config(name).run.name  # loads from the package location
+
+
+def test_layers_never_import_from_above():
+    """errors/config -> metrics, datasets, training -> record -> cluster -> engine -> cli (docs in aiperf/__init__)."""
+    import ast
+    from pathlib import Path
+
+    layer = {
+        "errors": 0,
+        "config": 0,
+        "metrics": 1,
+        "datasets": 1,
+        "training": 1,
+        "record": 2,
+        "cluster": 3,
+        "engine": 4,
+        "cli": 5,
+    }
+    root = Path(aiperf.__file__).parent
+    problems = []
+    for path in root.rglob("*.py"):
+        rel = path.relative_to(root).parts
+        own = rel[0][:-3] if rel[0].endswith(".py") else rel[0]
+        if own not in layer:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("aiperf."):
+                target = node.module.split(".")[1]
+                if target in layer and layer[target] > layer[own]:
+                    problems.append(f"{path.relative_to(root)} imports {node.module}")
+    assert not problems, problems
+
+
+def test_verbose_flag_logs_to_stderr_after_the_command_too():
+    proc = subprocess.run(
+        aiperf_cmd("flops", "-vv", "/nonexistent/arch.json"), capture_output=True, text=True, env=cli_env(), timeout=60
+    )
+    assert proc.returncode == 2
+    assert "no such file" in proc.stderr
+
+
+def test_package_modules_import_without_side_effects():
+    for name in ("aiperf.metrics.flops", "aiperf.record.ledger", "aiperf.engine.master", "aiperf.training.trial"):
+        importlib.import_module(name)
+
+
+def test_master_never_imports_the_model_builder_or_a_framework():
+    code = (
+        "import sys, aiperf.engine.master, aiperf.engine.run; "
+        "print(sorted(m for m in ('aiperf.training.model', 'aiperf.training.trainer', 'keras', 'tensorflow') "
+        "if m in sys.modules))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), timeout=60)
+    assert proc.stdout.strip() == "[]", proc.stdout + proc.stderr
