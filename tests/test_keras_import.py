@@ -28,6 +28,8 @@ from nas import zoo  # noqa: E402
 from nas.forward import forward  # noqa: E402
 from nas.morph import apply_morph, candidate_morphs  # noqa: E402
 
+pytestmark = pytest.mark.slow  # builds keras.applications networks
+
 L = keras.layers
 TOLERANCE = 1e-4
 

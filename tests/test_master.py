@@ -211,6 +211,7 @@ def test_the_simulated_pool_lists_free_workers_as_a_full_sort_would(tmp_path, mo
     assert len(checked) > 20 and max(checked) == 5
 
 
+@pytest.mark.slow
 def test_every_record_is_durable_before_the_master_submits_more_work(tmp_path, monkeypatch):
     import aiperf.record.ledger as ledger_module
 

@@ -29,6 +29,8 @@ from nas import zoo  # noqa: E402
 from nas.forward import forward, init_weights  # noqa: E402
 from nas.morph import Morph, apply_morph  # noqa: E402
 
+pytestmark = pytest.mark.slow  # builds and trains models on every backend
+
 REPO = Path(__file__).resolve().parents[1]
 BACKENDS = ("tensorflow", "jax", "torch")
 GRAPHS_PER_BACKEND = {"tensorflow": 3, "jax": 1, "torch": 2}  # JAX compiles every initializer shape: slow

@@ -13,6 +13,8 @@ from aiperf.errors import AiperfError
 from aiperf.record.ledger import read_ledger
 from aiperf.record.verify import verify_run
 
+pytestmark = pytest.mark.slow  # whole simulated and real scaling studies
+
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):

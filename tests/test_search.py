@@ -328,6 +328,7 @@ def _best_found(strategy: str, seed: int, evaluations: int = 30) -> float:
     return best
 
 
+@pytest.mark.slow
 def test_bayesian_search_beats_random_search_on_a_surrogate_objective():
     seeds = range(10)
     bayesian = np.mean([_best_found("bayesian", s) for s in seeds])

@@ -16,6 +16,8 @@ from aiperf.training.trial import TrialSpec, inherit_weights
 from nas import zoo
 from nas.morph import Morph, apply_morph
 
+pytestmark = pytest.mark.slow  # trains Keras models
+
 HP = {"learning_rate": 0.05, "batch_size": 64, "weight_decay": 5e-4, "dropout": 0.0, "kernel_size": 3, "epochs": 2}
 
 
@@ -155,6 +157,7 @@ from aiperf.datasets import load_dataset
 from aiperf.training.trainer import TrainerSettings, TrialRunner
 from aiperf.training.trial import TrialSpec
 from nas import zoo
+
 ds = load_dataset(DatasetConfig(name="digits"))
 g = zoo.small_resnet((8, 8, 1), 10, width=8)
 runner = TrialRunner(ds, TrainerSettings(data_parallel=2), backend)
