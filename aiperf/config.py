@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
 
 from aiperf.errors import AiperfError
+from nas.defaults import DEFAULT_HPARAMS, HPARAM_RANGES, SEARCH
 
 DEFAULT_CONFIG = "default"
 BUILTIN_CONFIGS = ("default", "smoke", "imagenet", "fashion_mnist", "synthetic")
@@ -66,14 +67,14 @@ class ModelConfig(_Section):
 
 
 class TrainConfig(_Section):
-    epochs_per_trial: int = Field(3, ge=1, le=1000)
+    epochs_per_trial: int = Field(DEFAULT_HPARAMS["epochs"], ge=1, le=1000)
     batch_size: int | Literal["auto"] = "auto"
     max_batch_size: int = Field(512, ge=1)
-    learning_rate: float = Field(0.05, gt=0, le=10)
+    learning_rate: float = Field(DEFAULT_HPARAMS["learning_rate"], gt=0, le=10)
     momentum: float = Field(0.9, ge=0, lt=1)
-    weight_decay: float = Field(5e-4, ge=0, le=1)
-    dropout: float = Field(0.0, ge=0, lt=1)
-    kernel_size: Literal[1, 3, 5, 7] = 3
+    weight_decay: float = Field(DEFAULT_HPARAMS["weight_decay"], ge=0, le=1)
+    dropout: float = Field(DEFAULT_HPARAMS["dropout"], ge=0, lt=1)
+    kernel_size: Literal[1, 3, 5, 7] = DEFAULT_HPARAMS["kernel_size"]
     eval_batch_size: int = Field(512, ge=1)
 
     @field_validator("batch_size")
@@ -87,12 +88,12 @@ class TrainConfig(_Section):
 class HpoConfig(_Section):
     """Ranges TPE samples from when a trial re-tunes an architecture."""
 
-    learning_rate: tuple[float, float] = (1e-3, 0.2)
-    weight_decay: tuple[float, float] = (1e-6, 1e-2)
-    dropout: tuple[float, float] = (0.0, 0.5)
-    batch_sizes: list[int] = [32, 64, 128, 256]
-    kernel_sizes: list[Literal[1, 3, 5, 7]] = [1, 3, 5]
-    epochs: tuple[int, int] = (1, 4)
+    learning_rate: tuple[float, float] = HPARAM_RANGES["learning_rate"]
+    weight_decay: tuple[float, float] = HPARAM_RANGES["weight_decay"]
+    dropout: tuple[float, float] = HPARAM_RANGES["dropout"]
+    batch_sizes: list[int] = list(HPARAM_RANGES["batch_sizes"])
+    kernel_sizes: list[Literal[1, 3, 5, 7]] = list(HPARAM_RANGES["kernel_sizes"])
+    epochs: tuple[int, int] = HPARAM_RANGES["epochs"]
 
     @model_validator(mode="after")
     def _ordered(self) -> HpoConfig:
@@ -114,15 +115,17 @@ class HpoConfig(_Section):
 
 
 class SearchConfig(_Section):
-    strategy: Literal["bayesian", "random"] = "bayesian"
-    retune_fraction: float = Field(0.25, ge=0, le=1, description="share of trials that re-tune a good architecture")
-    ucb_beta: float = Field(2.0, ge=0)
-    max_morphs_per_child: int = Field(2, ge=1, le=10)
+    strategy: Literal["bayesian", "random"] = SEARCH["strategy"]
+    retune_fraction: float = Field(
+        SEARCH["retune_fraction"], ge=0, le=1, description="share of trials that re-tune a good architecture"
+    )
+    ucb_beta: float = Field(SEARCH["ucb_beta"], ge=0)
+    max_morphs_per_child: int = Field(SEARCH["max_morphs_per_child"], ge=1, le=10)
     max_layers: int = Field(60, ge=1, description="weighted layers (conv, depthwise, dense)")
     max_params: int = Field(5_000_000, ge=1)
     max_flops_per_image: float = Field(2e9, gt=0, description="training FLOPs per image")
-    gp_window: int = Field(256, ge=8, description="observations the GP is fitted on (best + most recent)")
-    candidates: int = Field(64, ge=1, description="candidate architectures scored per acquisition round")
+    gp_window: int = Field(SEARCH["gp_window"], ge=8, description="observations the GP is fitted on (best + newest)")
+    candidates: int = Field(SEARCH["candidates"], ge=1, description="candidate architectures scored per acquisition")
 
 
 class ClusterConfig(_Section):

@@ -26,6 +26,7 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState, create_trial
 
+from nas.defaults import HPARAM_RANGES
 from nas.errors import NasError
 from nas.proposer import HPARAM_KEYS
 
@@ -63,12 +64,12 @@ def _choices(name: str, value: Any) -> tuple[int, ...]:
 class HyperparameterSpace:
     """What TPE samples from; field names match ``aiperf.config.HpoConfig`` (pass its dump)."""
 
-    learning_rate: tuple[float, float] = (1e-3, 0.2)
-    weight_decay: tuple[float, float] = (1e-6, 1e-2)
-    dropout: tuple[float, float] = (0.0, 0.5)
-    batch_sizes: tuple[int, ...] = (32, 64, 128, 256)
-    kernel_sizes: tuple[int, ...] = (1, 3, 5)
-    epochs: tuple[int, int] = (1, 4)
+    learning_rate: tuple[float, float] = HPARAM_RANGES["learning_rate"]
+    weight_decay: tuple[float, float] = HPARAM_RANGES["weight_decay"]
+    dropout: tuple[float, float] = HPARAM_RANGES["dropout"]
+    batch_sizes: tuple[int, ...] = HPARAM_RANGES["batch_sizes"]
+    kernel_sizes: tuple[int, ...] = HPARAM_RANGES["kernel_sizes"]
+    epochs: tuple[int, int] = HPARAM_RANGES["epochs"]
 
     def __post_init__(self) -> None:
         clean = {

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from nas.bayesian import BayesianMorphSearch
+from nas.defaults import DEFAULT_HPARAMS, SEARCH, STRATEGIES
 from nas.errors import NasError
 from nas.graph import Graph
 from nas.hpo import HyperparameterSpace, HyperparameterTuner, normalise_hparams
@@ -45,31 +46,22 @@ from nas.random_search import (
     grow,
 )
 
-STRATEGIES = ("bayesian", "random")
 TUNE_CANDIDATES = 3  # lineages considered for re-tuning: the best three
 TUNE_RESAMPLES = 3  # TPE samples tried when a sampled kernel makes the graph exceed the limits
 STARTUP_ATTEMPTS = 32
-DEFAULT_HPARAMS = {
-    "learning_rate": 0.05,
-    "batch_size": 128,
-    "weight_decay": 5e-4,
-    "dropout": 0.0,
-    "kernel_size": 3,
-    "epochs": 3,
-}
 
 
 @dataclass(frozen=True)
 class SearchSettings:
     """How the search proposes trials (built by the engine from the ``search``/``hpo``/``train`` config)."""
 
-    strategy: str = "bayesian"
+    strategy: str = SEARCH["strategy"]
     seed: int = 0
-    ucb_beta: float = 2.0
-    retune_fraction: float = 0.25
-    max_morphs_per_child: int = 2
-    gp_window: int = 256
-    candidates: int = 64
+    ucb_beta: float = SEARCH["ucb_beta"]
+    retune_fraction: float = SEARCH["retune_fraction"]
+    max_morphs_per_child: int = SEARCH["max_morphs_per_child"]
+    gp_window: int = SEARCH["gp_window"]
+    candidates: int = SEARCH["candidates"]
     default_hparams: Mapping[str, Any] = field(default_factory=lambda: dict(DEFAULT_HPARAMS))
     hparam_space: HyperparameterSpace = field(default_factory=HyperparameterSpace)
     landmarks: int = 32

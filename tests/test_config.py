@@ -69,3 +69,27 @@ def test_bad_files(tmp_path):
         load_config(listy)
     with pytest.raises(AiperfError, match="built-in"):
         load_config("no_such_builtin")
+
+
+def test_config_defaults_are_the_searchs_own_defaults():
+    """One place for defaults: a config that says nothing searches exactly as the search package would."""
+    from dataclasses import fields
+
+    from aiperf.config import Config
+    from nas.hpo import HyperparameterSpace
+    from nas.search import SearchSettings
+
+    cfg, search, space = Config(), SearchSettings(), HyperparameterSpace()
+    for name in ("strategy", "ucb_beta", "retune_fraction", "max_morphs_per_child", "gp_window", "candidates"):
+        assert getattr(cfg.search, name) == getattr(search, name), name
+    for f in fields(HyperparameterSpace):
+        assert tuple(getattr(cfg.hpo, f.name)) == tuple(getattr(space, f.name)), f.name
+    train = cfg.train
+    defaults = dict(search.default_hparams)
+    assert (train.learning_rate, train.weight_decay, train.dropout, train.kernel_size, train.epochs_per_trial) == (
+        defaults["learning_rate"],
+        defaults["weight_decay"],
+        defaults["dropout"],
+        defaults["kernel_size"],
+        defaults["epochs"],
+    )
