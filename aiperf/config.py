@@ -88,12 +88,12 @@ class TrainConfig(_Section):
 class HpoConfig(_Section):
     """Ranges TPE samples from when a trial re-tunes an architecture."""
 
-    learning_rate: tuple[float, float] = HPARAM_RANGES["learning_rate"]
-    weight_decay: tuple[float, float] = HPARAM_RANGES["weight_decay"]
-    dropout: tuple[float, float] = HPARAM_RANGES["dropout"]
-    batch_sizes: list[int] = list(HPARAM_RANGES["batch_sizes"])
-    kernel_sizes: list[Literal[1, 3, 5, 7]] = list(HPARAM_RANGES["kernel_sizes"])
-    epochs: tuple[int, int] = HPARAM_RANGES["epochs"]
+    learning_rate: tuple[float, float] = HPARAM_RANGES.learning_rate
+    weight_decay: tuple[float, float] = HPARAM_RANGES.weight_decay
+    dropout: tuple[float, float] = HPARAM_RANGES.dropout
+    batch_sizes: list[int] = list(HPARAM_RANGES.batch_sizes)
+    kernel_sizes: list[Literal[1, 3, 5, 7]] = list(HPARAM_RANGES.kernel_sizes)
+    epochs: tuple[int, int] = HPARAM_RANGES.epochs
 
     @model_validator(mode="after")
     def _ordered(self) -> HpoConfig:
@@ -115,17 +115,17 @@ class HpoConfig(_Section):
 
 
 class SearchConfig(_Section):
-    strategy: Literal["bayesian", "random"] = SEARCH["strategy"]
+    strategy: Literal["bayesian", "random"] = SEARCH.strategy
     retune_fraction: float = Field(
-        SEARCH["retune_fraction"], ge=0, le=1, description="share of trials that re-tune a good architecture"
+        SEARCH.retune_fraction, ge=0, le=1, description="share of trials that re-tune a good architecture"
     )
-    ucb_beta: float = Field(SEARCH["ucb_beta"], ge=0)
-    max_morphs_per_child: int = Field(SEARCH["max_morphs_per_child"], ge=1, le=10)
+    ucb_beta: float = Field(SEARCH.ucb_beta, ge=0)
+    max_morphs_per_child: int = Field(SEARCH.max_morphs_per_child, ge=1, le=10)
     max_layers: int = Field(60, ge=1, description="weighted layers (conv, depthwise, dense)")
     max_params: int = Field(5_000_000, ge=1)
     max_flops_per_image: float = Field(2e9, gt=0, description="training FLOPs per image")
-    gp_window: int = Field(SEARCH["gp_window"], ge=8, description="observations the GP is fitted on (best + newest)")
-    candidates: int = Field(SEARCH["candidates"], ge=1, description="candidate architectures scored per acquisition")
+    gp_window: int = Field(SEARCH.gp_window, ge=8, description="observations the GP is fitted on (best + newest)")
+    candidates: int = Field(SEARCH.candidates, ge=1, description="candidate architectures scored per acquisition")
 
 
 class ClusterConfig(_Section):

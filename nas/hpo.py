@@ -64,12 +64,12 @@ def _choices(name: str, value: Any) -> tuple[int, ...]:
 class HyperparameterSpace:
     """What TPE samples from; field names match ``aiperf.config.HpoConfig`` (pass its dump)."""
 
-    learning_rate: tuple[float, float] = HPARAM_RANGES["learning_rate"]
-    weight_decay: tuple[float, float] = HPARAM_RANGES["weight_decay"]
-    dropout: tuple[float, float] = HPARAM_RANGES["dropout"]
-    batch_sizes: tuple[int, ...] = HPARAM_RANGES["batch_sizes"]
-    kernel_sizes: tuple[int, ...] = HPARAM_RANGES["kernel_sizes"]
-    epochs: tuple[int, int] = HPARAM_RANGES["epochs"]
+    learning_rate: tuple[float, float] = HPARAM_RANGES.learning_rate
+    weight_decay: tuple[float, float] = HPARAM_RANGES.weight_decay
+    dropout: tuple[float, float] = HPARAM_RANGES.dropout
+    batch_sizes: tuple[int, ...] = HPARAM_RANGES.batch_sizes
+    kernel_sizes: tuple[int, ...] = HPARAM_RANGES.kernel_sizes
+    epochs: tuple[int, int] = HPARAM_RANGES.epochs
 
     def __post_init__(self) -> None:
         clean = {

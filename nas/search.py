@@ -55,13 +55,13 @@ STARTUP_ATTEMPTS = 32
 class SearchSettings:
     """How the search proposes trials (built by the engine from the ``search``/``hpo``/``train`` config)."""
 
-    strategy: str = SEARCH["strategy"]
+    strategy: str = SEARCH.strategy
     seed: int = 0
-    ucb_beta: float = SEARCH["ucb_beta"]
-    retune_fraction: float = SEARCH["retune_fraction"]
-    max_morphs_per_child: int = SEARCH["max_morphs_per_child"]
-    gp_window: int = SEARCH["gp_window"]
-    candidates: int = SEARCH["candidates"]
+    ucb_beta: float = SEARCH.ucb_beta
+    retune_fraction: float = SEARCH.retune_fraction
+    max_morphs_per_child: int = SEARCH.max_morphs_per_child
+    gp_window: int = SEARCH.gp_window
+    candidates: int = SEARCH.candidates
     default_hparams: Mapping[str, Any] = field(default_factory=lambda: dict(DEFAULT_HPARAMS))
     hparam_space: HyperparameterSpace = field(default_factory=HyperparameterSpace)
     landmarks: int = 32
