@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     make.add_argument("--classes", type=int, default=10)
     make.add_argument("--train-per-class", type=int, default=50)
     make.add_argument("--val-per-class", type=int, default=10)
-    make.add_argument("--min-side", type=int, default=64, help="smallest image side in pixels")
+    make.add_argument("--min-side", type=int, default=None, help="smallest image side (64, or --max-side if less)")
     make.add_argument("--max-side", type=int, default=1024, help="largest image side in pixels")
     make.add_argument("--mean-kb", type=float, default=110.0, help="mean JPEG size at ImageNet's image sizes")
     make.add_argument("--no-quirks", action="store_true", help="leave out CMYK, grayscale, PNG-as-JPEG, tiny, large")
@@ -182,7 +182,7 @@ def _cmd_make_imagenet(args: argparse.Namespace) -> int:
         classes=args.classes,
         train_per_class=args.train_per_class,
         val_per_class=args.val_per_class,
-        min_side=args.min_side,
+        min_side=args.min_side if args.min_side is not None else min(64, args.max_side),
         max_side=args.max_side,
         mean_kb=args.mean_kb,
         quirks=not args.no_quirks,

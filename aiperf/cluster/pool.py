@@ -360,7 +360,10 @@ class RayWorkerPool(WorkerPool):
                 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
                 if isinstance(exc, (ActorDiedError, RayActorError, ActorUnavailableError)):
-                    events.extend(self._lose(w, f"worker died: {_first_line(exc)}"))
+                    if not w.info:  # it died in __init__: a start failure, whichever of its refs failed first
+                        events.extend(self._lose(w, _first_line(exc), kind="start_failed"))
+                    else:
+                        events.extend(self._lose(w, f"worker died: {_first_line(exc)}"))
                 else:
                     w.tasks.remove(task)
                     self._refresh_free(w)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -43,7 +44,7 @@ class TrialWorker:
         if dataset.streaming:
             from aiperf.datasets.census import check_readable
 
-            check_readable(dataset, seed=len(worker_id))
+            check_readable(dataset, seed=zlib.crc32(worker_id.encode()))  # each worker samples other files
 
         self.worker_id = worker_id
         self.backend = backend

@@ -23,7 +23,9 @@ Python per batch):
   difference summed over the epoch is the time the training loop waited for input. JAX and
   torch pull batches in Python, through a generator that times each ``next``. (A generator,
   not the dataset: Keras's dataset adapter would start a second pass of the pipeline just to
-  build the model's metrics.)
+  build the model's metrics.) Building the epoch's pipeline counts as waiting too (0.2-1 s on
+  the 2-core box, mostly tracing the decode functions); starting its iterator inside ``fit``
+  on TensorFlow (30-150 ms) is the one part not counted.
 * **skipped images**: an image that fails to decode (or a record whose label is out of range)
   raises inside the pipeline and ``ignore_errors`` drops it. Each element carries its index,
   and every index that reaches a batch is marked, so after the epoch the unmarked indices are
@@ -44,6 +46,7 @@ from aiperf.datasets.base import Dataset, RecordShards
 
 PREFETCH_BATCHES = 2
 TOO_MANY_BAD = "aiperf: too many images cannot be decoded"
+SHARDS_INTERLEAVED = 16  # shards read at once; fixed, so a trial's record order does not depend on the threads
 ENCODED = "image/encoded"
 LABEL = "image/class/label"
 
@@ -73,6 +76,7 @@ def _options(tf: Any, threads: int) -> Any:
     # The timing zip must stay in the consumer's thread: no prefetch injected after it, no map made parallel.
     options.experimental_optimization.inject_prefetch = False
     options.experimental_optimization.map_parallelization = False
+    options.experimental_optimization.apply_default_optimizations = False
     return options
 
 
@@ -130,12 +134,14 @@ class ShardSource(_Source):
             np.arange(len(paths)) if order_seed is None else np.random.default_rng(order_seed).permutation(len(paths))
         )
         shards = tf.data.Dataset.from_tensor_slices((paths[order], starts[order]))
-        cycle = max(1, min(threads, len(paths)))
+        cycle = min(SHARDS_INTERLEAVED, len(paths))
 
         def records(path: Any, start: Any) -> Any:
             return tf.data.TFRecordDataset(path).enumerate().map(lambda k, record: (record, start + k))
 
-        items = shards.interleave(records, cycle_length=cycle, block_length=1, num_parallel_calls=cycle)
+        items = shards.interleave(
+            records, cycle_length=cycle, block_length=1, num_parallel_calls=min(cycle, threads), deterministic=True
+        )
         if self.shards.keep is not None:
             keep = np.zeros(self.capacity, dtype=bool)
             keep[self.shards.keep] = True
@@ -207,6 +213,7 @@ class TrainStream:
         self.images = self.steps * self.batch
         self.counters = _Counters(self.tf, self.source.capacity)
         self._python_wait_s, self._python_steps = 0.0, 0
+        self._build_s = 0.0
 
     def _pipeline(self, epoch: int) -> Any:
         from aiperf.training.image_ops import train_image
@@ -255,7 +262,9 @@ class TrainStream:
         return 2 * (self.batch + 2 * self.threads)
 
     def _python_batches(self, pipeline: Any) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        t0 = time.perf_counter()
         iterator = iter(pipeline)
+        self._python_wait_s += time.perf_counter() - t0
         while True:
             t0 = time.perf_counter()
             try:
@@ -276,7 +285,9 @@ class TrainStream:
         """Arguments for one ``model.fit(..., epochs=1)`` call covering epoch ``epoch``."""
         self.counters.reset()
         self._python_wait_s, self._python_steps = 0.0, 0
+        t0 = time.perf_counter()
         pipeline = self._pipeline(epoch)
+        self._build_s = time.perf_counter() - t0
         return {"x": pipeline if self.native else self._python_batches(pipeline), "shuffle": False}
 
     def stats(self) -> dict[str, Any]:
@@ -288,7 +299,13 @@ class TrainStream:
             wait, steps = float(c.wait_s.numpy()), int(c.delivered.numpy())
         else:
             wait, steps = self._python_wait_s, self._python_steps
-        return {"steps": steps, "images": steps * self.batch, "data_wait_s": wait, "skipped": planned[~seen[planned]]}
+        return {
+            "steps": steps,
+            "images": steps * self.batch,
+            "data_wait_s": self._build_s + wait,
+            "build_s": self._build_s,
+            "skipped": planned[~seen[planned]],
+        }
 
     def surely_bad(self) -> np.ndarray:
         """Indices the last epoch certainly failed to decode so far (for an epoch stopped early).
