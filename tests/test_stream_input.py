@@ -191,13 +191,13 @@ def _timed_epoch(feed, step_s):
 
 def test_data_wait_is_the_time_the_loop_waited_for_input(tmp_path):
     tree = tmp_path / "photos"  # photo-sized images: decoding, not Python, takes the time
-    generate_imagenet(tree, GenerateSpec(classes=2, train_per_class=48, val_per_class=2, quirks=False, max_side=640))
-    ds = load_dataset(DatasetConfig(name="image_folder", path=str(tree), image_size=(64, 64), storage="stream"))
+    generate_imagenet(tree, GenerateSpec(classes=2, train_per_class=100, val_per_class=2, quirks=False, max_side=640))
+    ds = load_dataset(DatasetConfig(name="image_folder", path=str(tree), image_size=(96, 96), storage="stream"))
     # A loop that does nothing but ask for batches waits for (almost) every one of them.
-    in_next, waited = _timed_epoch(TrainStream(ds, 4, seed=1, backend="tensorflow", threads=1, bad_limit=0), 0.0)
+    in_next, waited = _timed_epoch(TrainStream(ds, 16, seed=1, backend="tensorflow", threads=1, bad_limit=0), 0.0)
     assert 0.6 * in_next < waited <= in_next
-    # A loop much slower than the input barely waits: the next batch is ready before the step ends.
-    _, slow_waited = _timed_epoch(TrainStream(ds, 4, seed=1, backend="tensorflow", threads=1, bad_limit=0), 0.25)
+    # A loop much slower than the input waits for its first batch only: then the next one is always ready.
+    _, slow_waited = _timed_epoch(TrainStream(ds, 16, seed=1, backend="tensorflow", threads=1, bad_limit=0), 0.1)
     assert slow_waited < 0.3 * waited
 
 

@@ -81,7 +81,11 @@ def _options(tf: Any, threads: int) -> Any:
 
 
 class _Source:
-    """Where one split's encoded images come from: ``elements`` yields (encoded bytes, label, index)."""
+    """Where one split's encoded images come from.
+
+    ``elements`` is the epoch's order of items; ``load(*item)`` turns one item into (encoded
+    bytes, label, index) and runs inside the parallel decode map, so reads overlap too.
+    """
 
     size: int  # images in the split
     capacity: int  # bound on indices (the seen-mask length)
@@ -91,27 +95,40 @@ class _Source:
         raise NotImplementedError
 
     def elements(self, tf: Any, threads: int, order_seed: int | None) -> Any:
-        """(data, label, index) per image, shuffled with ``order_seed`` (None: in order); may read in parallel."""
+        """The items of one pass, shuffled with ``order_seed`` (None: in order)."""
+        raise NotImplementedError
+
+    def load(self, tf: Any, *item: Any) -> tuple[Any, Any, Any]:
         raise NotImplementedError
 
 
 class FileSource(_Source):
-    """One image file per element: shuffling is a full permutation of the split's files."""
+    """One image file per element: shuffling is a full permutation of the split's files.
+
+    The paths become one string tensor per trial (about 90 MB for ImageNet's 1.28 million);
+    each epoch only passes its order of indices (10 MB) and gathers paths in the pipeline.
+    """
 
     def __init__(self, files: list[tuple[str, int]]) -> None:
-        self.paths = np.array([p for p, _ in files], dtype=object)
+        self.paths = np.array([p.encode() for p, _ in files], dtype=bytes)
         self.labels = np.array([label for _, label in files], dtype=np.int32)
         self.size = self.capacity = len(files)
+        self._tensors: tuple[Any, Any] | None = None
 
     def planned(self) -> np.ndarray:
         return np.arange(self.size, dtype=np.int64)
 
     def elements(self, tf: Any, threads: int, order_seed: int | None) -> Any:
+        if self._tensors is None:
+            self._tensors = (tf.constant(self.paths), tf.constant(self.labels))
         order = self.planned() if order_seed is None else np.random.default_rng(order_seed).permutation(self.size)
-        items = tf.data.Dataset.from_tensor_slices(
-            (self.paths[order].astype(str), self.labels[order], order.astype(np.int64))
-        )
-        return items.map(lambda path, label, index: (tf.io.read_file(path), label, index))
+        return tf.data.Dataset.from_tensor_slices((order.astype(np.int64),))
+
+    def load(self, tf: Any, *item: Any) -> tuple[Any, Any, Any]:
+        (index,) = item
+        assert self._tensors is not None
+        paths, labels = self._tensors
+        return tf.io.read_file(tf.gather(paths, index)), tf.gather(labels, index), index
 
 
 class ShardSource(_Source):
@@ -149,17 +166,16 @@ class ShardSource(_Source):
             items = items.filter(lambda record, index: tf.gather(mask, index))
         if order_seed is not None:
             items = items.shuffle(self.shuffle_buffer, seed=order_seed % 2**63, reshuffle_each_iteration=False)
+        return items
+
+    def load(self, tf: Any, *item: Any) -> tuple[Any, Any, Any]:
+        record, index = item
         features = {ENCODED: tf.io.FixedLenFeature([], tf.string), LABEL: tf.io.FixedLenFeature([], tf.int64)}
-        offset, classes = self.shards.label_offset, self.num_classes
-
-        def parse(record: Any, index: Any) -> tuple[Any, Any, Any]:
-            example = tf.io.parse_single_example(record, features)
-            label = example[LABEL] - offset
-            check = tf.debugging.assert_less(label, tf.constant(classes, tf.int64), message="label out of range")
-            with tf.control_dependencies([check, tf.debugging.assert_non_negative(label)]):
-                return example[ENCODED], tf.cast(label, tf.int32), index
-
-        return items.map(parse)
+        example = tf.io.parse_single_example(record, features)
+        label = example[LABEL] - self.shards.label_offset
+        check = tf.debugging.assert_less(label, tf.constant(self.num_classes, tf.int64), message="label out of range")
+        with tf.control_dependencies([check, tf.debugging.assert_non_negative(label)]):
+            return example[ENCODED], tf.cast(label, tf.int32), index
 
 
 def source_for(dataset: Dataset, split: str, shuffle_buffer: int) -> _Source:
@@ -224,9 +240,11 @@ class TrainStream:
         seed0 = tf.constant(self.seed % 2**62, tf.int64)
         base = tf.constant(epoch * 2**32, tf.int64)
 
-        def decode(data: Any, label: Any, index: Any) -> tuple[Any, Any, Any]:
+        def decode(*item: Any) -> tuple[Any, Any, Any]:
             attempt = c.attempted.assign_add(1)
-            with tf.control_dependencies([c.tried.scatter_nd_update(tf.reshape(index, [1, 1]), [attempt])]):
+            tried = c.tried.scatter_nd_update(tf.reshape(item[-1], [1, 1]), [attempt])  # item[-1]: the index
+            with tf.control_dependencies([tried]):  # recorded before reading, which may fail
+                data, label, index = self.source.load(tf, *item)
                 seed = tf.stack([seed0, base + index])
                 return train_image(data, self.size, seed), label, index
 
@@ -331,12 +349,13 @@ class EvalStream:
         from aiperf.training.image_ops import eval_image
 
         tf = self.tf
-        ds = self.source.elements(tf, self.threads, None)
-        ds = ds.map(
-            lambda data, label, index: (eval_image(data, self.size), label, index),
-            num_parallel_calls=self.threads,
-            deterministic=True,
-        )
+        source = self.source
+
+        def decode(*item: Any) -> tuple[Any, Any, Any]:
+            data, label, index = source.load(tf, *item)
+            return eval_image(data, self.size), label, index
+
+        ds = source.elements(tf, self.threads, None).map(decode, num_parallel_calls=self.threads, deterministic=True)
         ds = ds.ignore_errors().batch(self.batch).prefetch(PREFETCH_BATCHES)
         return ds.with_options(_options(tf, self.threads))
 
