@@ -10,7 +10,7 @@ import pytest
 from conftest import REPO, aiperf_cmd, cli_env
 from PIL import Image
 
-from aiperf.config import DatasetConfig
+from aiperf.config import DatasetConfig, config_from_dict, load_config
 from aiperf.datasets import load_dataset
 from aiperf.errors import AiperfError
 
@@ -100,6 +100,8 @@ def test_streaming_settings_are_checked(tmp_path):
         load_dataset(DatasetConfig(name="digits", storage="stream"))
     with pytest.raises(AiperfError, match=r"dataset\.label_offset: only tfrecord"):
         load_dataset(DatasetConfig(name="digits", label_offset=0))
+    recorded = config_from_dict(load_config("smoke").to_dict())  # as --resume reads it: every field set
+    assert load_dataset(recorded.dataset).name == "digits"
     proc = subprocess.run(
         aiperf_cmd("run", "--set", "dataset.decode_threads=0", "--set", f"run.results_dir={tmp_path}"),
         capture_output=True, text=True, env=cli_env(), cwd=REPO, timeout=120,

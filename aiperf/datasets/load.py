@@ -40,7 +40,8 @@ def load_dataset(cfg: DatasetConfig) -> Dataset:
     if cfg.storage != "auto" and cfg.name not in _DECODES_FILES:
         raise AiperfError(f"dataset.storage: {cfg.name} is always held in memory; remove dataset.storage")
     if cfg.name != "tfrecord":
+        # Compared with the defaults, not with what was set: a recorded config (--resume) sets every field.
         for key in ("label_offset", "shuffle_buffer"):
-            if key in cfg.model_fields_set:
+            if getattr(cfg, key) != DatasetConfig.model_fields[key].default:
                 raise AiperfError(f"dataset.{key}: only tfrecord uses it; remove it for {cfg.name}")
     return loader(cfg)
