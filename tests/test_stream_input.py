@@ -212,3 +212,26 @@ def test_resident_input_measures_its_wait_and_counts_full_batches():
     numpy_feed = TrainInput(x, y, 16, seed=1, backend="jax")  # the generator JAX and torch are fed from
     assert [len(b[0]) for b in numpy_feed.fit_kwargs(1)["x"]] == [16] * 6
     assert numpy_feed.stats()["steps"] == 6 and numpy_feed.stats()["data_wait_s"] > 0
+
+
+@pytest.mark.slow
+def test_a_trial_on_mostly_undecodable_images_reports_them_and_stops(tmp_path):
+    from aiperf.training.trainer import TrainerSettings, TrialRunner
+    from aiperf.training.trial import TrialSpec
+    from nas import zoo
+
+    tree = tmp_path / "tree"
+    spec = GenerateSpec(classes=2, train_per_class=10, val_per_class=2, min_side=8, max_side=16, quirks=False, bad=60)
+    generate_imagenet(tree, spec)
+    ds = streamed(tree, max_bad_fraction=0.01)
+    runner = TrialRunner(ds, TrainerSettings(decode_threads=1, max_bad_fraction=0.01), "tensorflow")
+    hp = {"learning_rate": 0.05, "batch_size": 2, "weight_decay": 0.0, "dropout": 0.0, "kernel_size": 3, "epochs": 1}
+    graph = zoo.small_resnet((*SIZE, 3), 2, width=4)
+    items = []
+    with pytest.raises(AiperfError) as excinfo:
+        for item in runner.run(TrialSpec("t0", "seed", graph.to_dict(), hp, seed=1)):
+            items.append(item)
+    assert [i["type"] for i in items] == ["bad_images"] and items[0]["over_limit"]
+    assert items[0]["files"] and all("/bad_" in f for f in items[0]["files"])
+    message = str(excinfo.value)
+    assert message.startswith("image_folder: ") and "images cannot be decoded" in message and "bad_" in message

@@ -30,6 +30,7 @@ from aiperf.errors import AiperfError
 from aiperf.training.backend import is_out_of_memory
 from aiperf.training.input_pipeline import TrainInput, eval_batch_size, predict_all
 from aiperf.training.model import apply_hparams, build_model, get_weights, set_weights
+from aiperf.training.stream_input import TOO_MANY_BAD
 from aiperf.training.trial import TrialSpec, Weights, inherit_weights
 
 ACTIVATION_MEMORY_FRACTION = 0.6
@@ -246,11 +247,15 @@ class TrialRunner:
                         hist = model.fit(**feed.fit_kwargs(epoch), epochs=1, verbose=0, callbacks=[timer.callback])
                     break
                 except Exception as exc:
-                    if feed.streaming and len(failed := feed.surely_bad()) > self.bad_limit:
+                    failed = feed.surely_bad() if feed.streaming else np.empty(0, np.int64)
+                    if len(failed) > self.bad_limit or TOO_MANY_BAD in str(exc):
+                        # The pipeline stopped the epoch: more images than allowed surely failed to decode.
+                        count = max(len(failed), self.bad_limit + 1)
                         report = self._bad_images(failed, np.empty(0, np.int64), over=True)
                         if report is not None:
+                            report["epoch_count"] = count
                             yield report
-                        raise self._too_many(failed, np.empty(0, np.int64)) from None
+                        raise self._too_many(failed, np.empty(0, np.int64), count) from None
                     if not is_out_of_memory(exc) or batch <= replicas:
                         raise
                     # Shrink and retry the epoch from its starting weights; the lost partial epoch is not reported.
