@@ -1,6 +1,8 @@
 """The ``aiperf`` command line.
 
-Every user mistake ends as one line on stderr and exit code 2; an interrupted run exits
+Every user mistake ends as one line on stderr and exit code 2; a run that could not train
+(no worker started, every trial failed the same way, too many undecodable images) exits 1
+after writing its summary, with the reason as one line on stderr; an interrupted run exits
 130 after writing its summary; an unexpected internal error prints one line too (set
 ``AIPERF_DEBUG=1`` for the traceback). Results already written are never touched by an
 error path.
@@ -110,6 +112,24 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("run_dir")
     report.add_argument("--output", "-o", default=None, help="where to write (default RUN_DIR/report.html)")
 
+    make = sub.add_parser(
+        "make-imagenet",
+        help="write an ImageNet-layout folder of random JPEGs (train/<class>/, val/<class>/) for tests and benchmarks",
+    )
+    make.add_argument("output", help="folder to create (must not exist, or be empty)")
+    make.add_argument("--classes", type=int, default=10)
+    make.add_argument("--train-per-class", type=int, default=50)
+    make.add_argument("--val-per-class", type=int, default=10)
+    make.add_argument("--min-side", type=int, default=None, help="smallest image side (64, or --max-side if less)")
+    make.add_argument("--max-side", type=int, default=1024, help="largest image side in pixels")
+    make.add_argument("--mean-kb", type=float, default=110.0, help="mean JPEG size at ImageNet's image sizes")
+    make.add_argument("--no-quirks", action="store_true", help="leave out CMYK, grayscale, PNG-as-JPEG, tiny, large")
+    make.add_argument("--bad", type=int, default=0, help="also write this many undecodable files")
+    make.add_argument("--to-tfrecord", action="store_true", help="also write TFRecord shards to OUTPUT/tfrecord")
+    make.add_argument("--train-shards", type=int, default=4)
+    make.add_argument("--val-shards", type=int, default=2)
+    make.add_argument("--seed", type=int, default=0)
+
     scaling = sub.add_parser("scaling", help="weak-scaling study over node counts")
     scaling.add_argument("--nodes", required=True, help="comma-separated node counts, e.g. 1,2,4,8")
     scaling.add_argument("--simulate", action="store_true", help="simulate nodes instead of running on them")
@@ -131,6 +151,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     else:
         cfg = load_config(args.config, args.overrides)
         _, summary = run_benchmark(cfg, address=args.address)
+    if summary.get("status") == "failed":
+        print(f"aiperf: error: the run failed: {summary.get('stop_reason')}", file=sys.stderr)
+        return 1
     return 130 if summary.get("status") == "interrupted" else 0
 
 
@@ -189,6 +212,36 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_make_imagenet(args: argparse.Namespace) -> int:
+    from aiperf.datasets.generate import GenerateSpec, generate_imagenet
+
+    spec = GenerateSpec(
+        classes=args.classes,
+        train_per_class=args.train_per_class,
+        val_per_class=args.val_per_class,
+        min_side=args.min_side if args.min_side is not None else min(64, args.max_side),
+        max_side=args.max_side,
+        mean_kb=args.mean_kb,
+        quirks=not args.no_quirks,
+        bad=args.bad,
+        seed=args.seed,
+        to_tfrecord=args.to_tfrecord,
+        train_shards=args.train_shards,
+        val_shards=args.val_shards,
+    )
+    try:
+        manifest = generate_imagenet(args.output, spec)
+    except OSError as exc:
+        raise AiperfError(f"make-imagenet: {args.output}: {exc.strerror or exc}") from None
+    print(
+        f"aiperf: wrote {manifest['train_images']:,} training and {manifest['val_images']:,} validation images "
+        f"({len(manifest['classes'])} classes, mean {manifest['mean_bytes'] / 1024:.1f} KB, "
+        f"{len(manifest['quirks'])} quirks, {len(manifest['bad'])} undecodable) to {args.output}"
+        + (f"; TFRecord shards in {manifest['tfrecord']['path']}" if "tfrecord" in manifest else "")
+    )
+    return 0
+
+
 def _cmd_scaling(args: argparse.Namespace) -> int:
     from aiperf.engine.scaling import scaling_command
 
@@ -218,6 +271,7 @@ COMMANDS = {
     "summary": _cmd_summary,
     "verify": _cmd_verify,
     "report": _cmd_report,
+    "make-imagenet": _cmd_make_imagenet,
     "scaling": _cmd_scaling,
 }
 

@@ -36,6 +36,12 @@ class RunConfig(_Section):
     progress_interval_s: float = Field(5.0, gt=0)
     telemetry_interval_s: float = Field(5.0, gt=0)
     grace_s: float = Field(0.0, ge=0, description="after the budget, wait this long for running epochs to end")
+    stop_after_failures: int = Field(
+        5,
+        ge=1,
+        description="stop the run (failed) when this many trials in a row fail with the same error, on as many"
+        " workers, with no epoch completing in between",
+    )
 
 
 class SyntheticConfig(_Section):
@@ -46,15 +52,39 @@ class SyntheticConfig(_Section):
 
 
 class DatasetConfig(_Section):
-    name: Literal["mnist", "digits", "fashion_mnist", "cifar10", "image_folder", "synthetic"] = "mnist"
-    path: str | None = Field(None, description="folder or file for fashion_mnist, cifar10 and image_folder")
+    name: Literal["mnist", "digits", "fashion_mnist", "cifar10", "image_folder", "tfrecord", "synthetic"] = "mnist"
+    path: str | None = Field(None, description="folder or file for fashion_mnist, cifar10, image_folder and tfrecord")
     validation_fraction: float = Field(0.2, gt=0, lt=1)
     split_seed: int = Field(0, ge=0)
     image_size: tuple[PositiveInt, PositiveInt] | None = Field(
-        None, description="resize images to (height, width) (image_folder)"
+        None, description="resize images to (height, width) (image_folder, tfrecord)"
     )
     max_train_images: int | None = Field(None, ge=1, description="use at most this many training images")
+    storage: Literal["auto", "memory", "stream"] = Field(
+        "auto",
+        description="image_folder/tfrecord: decode once into memory, or stream (decode per batch on the workers);"
+        " auto streams when the decoded images would exceed 2 GiB",
+    )
+    max_bad_fraction: float = Field(
+        0.001, ge=0, lt=1, description="undecodable images are skipped; above this share of the dataset the run stops"
+    )
+    decode_threads: int | Literal["auto"] = Field(
+        "auto", description="streamed input: decode threads per worker (auto: the worker's CPU share)"
+    )
+    label_offset: int = Field(
+        1, ge=0, description="tfrecord: subtracted from image/class/label (TensorFlow's ImageNet tooling: 1..1000)"
+    )
+    shuffle_buffer: int = Field(
+        8192, ge=1, description="tfrecord: records in each worker's shuffle buffer (shards are read in sequence)"
+    )
     synthetic: SyntheticConfig = SyntheticConfig()
+
+    @field_validator("decode_threads")
+    @classmethod
+    def _positive_threads(cls, v: Any) -> Any:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("must be >= 1 or 'auto'")
+        return v
 
 
 class ModelConfig(_Section):

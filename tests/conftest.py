@@ -31,3 +31,17 @@ def smoke_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
 def sim_run(tmp_path_factory) -> Path:
     """One simulated run shared by the results tests; tests must not modify it (copy it first)."""
     return simulated_run(tmp_path_factory.mktemp("sim") / "run")
+
+
+TINY_IMAGENET = {"classes": 4, "train_per_class": 24, "val_per_class": 6, "min_side": 12, "max_side": 48, "bad": 2}
+
+
+@pytest.fixture(scope="session")
+def imagenet_tree(tmp_path_factory) -> Path:
+    """A tiny ImageNet-layout tree from `aiperf make-imagenet`: quirks, 2 undecodable files, TFRecord
+    shards in ``tfrecord/`` (a few seconds); tests must not modify it (copy it first)."""
+    from aiperf.datasets.generate import GenerateSpec, generate_imagenet
+
+    root = tmp_path_factory.mktemp("imagenet") / "tree"
+    generate_imagenet(root, GenerateSpec(**TINY_IMAGENET, to_tfrecord=True, train_shards=3, val_shards=2))
+    return root

@@ -429,13 +429,18 @@ def test_image_folder_mixed_sizes_need_image_size(tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["garbage", "truncated"])
-def test_image_folder_corrupt_image_is_named(tmp_path, damage):
+def test_image_folder_corrupt_image_is_skipped_counted_and_limited(tmp_path, damage):
     write_folder(tmp_path, ext="jpg", size=(64, 64))
     bad = tmp_path / "dog" / "03.jpg"
     _rewrite(bad, (lambda raw: b"definitely not a jpeg") if damage == "garbage" else (lambda raw: raw[:300]))
-    with pytest.raises(AiperfError) as excinfo:
+    with pytest.raises(AiperfError) as excinfo:  # 1 of 18 is over the default 0.1 %
         load_dataset(DatasetConfig(name="image_folder", path=str(tmp_path)))
-    assert_one_line_error(excinfo, f"image_folder: {bad}: cannot decode image")
+    assert_one_line_error(
+        excinfo, f"image_folder: {tmp_path}", "1 of 18 images cannot be decoded", "max_bad_fraction=0.001", "dog/03.jpg"
+    )
+    data = load_dataset(DatasetConfig(name="image_folder", path=str(tmp_path), max_bad_fraction=0.1))
+    assert data.train_size + data.val_size == 17  # the bad image is in neither split
+    assert data.meta["bad_images"] == {"count": 1, "files": ["dog/03.jpg"], "max_fraction": 0.1}
 
 
 def test_image_folder_predefined_train_val_folders(tmp_path):

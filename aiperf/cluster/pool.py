@@ -1,9 +1,15 @@
 """The worker pool: how the master runs trials, independent of what runs them.
 
 The master only sees :class:`WorkerPool`: which workers can take another trial, submit a
-trial to one, and wait for events (a trial started, an epoch completed, a trial finished
-or failed, a worker joined or was lost). :class:`RayWorkerPool` implements it with Ray
-actors and streaming generators; tests and the scale simulator implement it in-process.
+trial to one, and wait for events (a trial started, an epoch completed, images were skipped,
+a trial finished or failed, a worker joined, could not start, or was lost).
+:class:`RayWorkerPool` implements it with Ray actors and streaming generators; tests and the
+scale simulator implement it in-process.
+
+A worker that cannot start (its backend does not import, its device does not set up, its
+node does not see the dataset) is reported once as ``start_failed`` with its node and the
+cause; its slot is tried again at most ``MAX_START_ATTEMPTS`` times in all, so a broken node
+does not restart workers every few seconds for the whole run.
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ from aiperf.cluster.plan import Plan, Slot, make_plan
 
 logger = logging.getLogger(__name__)
 
-EVENT_KINDS = ("ready", "start", "epoch", "done", "failed", "lost")
+EVENT_KINDS = ("ready", "start_failed", "start", "epoch", "bad_images", "done", "failed", "lost")
+MAX_START_ATTEMPTS = 3
 
 
 @dataclass
@@ -75,6 +82,14 @@ class WorkerPool(ABC):
     def put(self, value: Any) -> Any:
         """Hand a large value (weights) to the pool once so several submissions can share it."""
         return value
+
+    def live_workers(self) -> int | None:
+        """Workers alive or still starting; None when the pool cannot tell."""
+        return None
+
+    def may_start_workers(self) -> bool:
+        """Whether the pool may still start another worker (a slot it has not given up on)."""
+        return True
 
     @property
     @abstractmethod
@@ -155,6 +170,8 @@ class RayWorkerPool(WorkerPool):
         self._resync_s = resync_s
         self._last_sync = 0.0
         self._plan = make_plan(nodes, cfg)
+        self._hosts = {n.node_id: n.hostname for n in nodes}
+        self._start_attempts: dict[tuple[str, int], int] = {}
         self._pending_events: list[PoolEvent] = []
         self._free = FreeWorkers()
         self._start_workers(self._plan.slots)
@@ -172,9 +189,14 @@ class RayWorkerPool(WorkerPool):
             "momentum": cfg.train.momentum,
             "eval_batch_size": cfg.train.eval_batch_size,
             "max_batch_size": cfg.train.max_batch_size,
+            "decode_threads": cfg.dataset.decode_threads,
+            "max_bad_fraction": cfg.dataset.max_bad_fraction,
+            "shuffle_buffer": cfg.dataset.shuffle_buffer,
         }
         for slot in slots:
             worker_id = f"w{next(self._ids):04d}"
+            key = (slot.node_id, slot.index)
+            self._start_attempts[key] = self._start_attempts.get(key, 0) + 1
             threads = max(1, round(slot.cpus))
             actor = self._actor_cls.options(
                 num_cpus=slot.cpus,
@@ -209,6 +231,7 @@ class RayWorkerPool(WorkerPool):
             return []
         plan = make_plan(nodes, self._cfg)
         alive_nodes = {n.node_id for n in nodes}
+        self._hosts.update({n.node_id: n.hostname for n in nodes})
         events = []
         for w in self._workers.values():
             if w.alive and w.slot.node_id not in alive_nodes:
@@ -217,7 +240,7 @@ class RayWorkerPool(WorkerPool):
             (w.slot.node_id, w.slot.index): True for w in self._workers.values() if w.alive
         }
         missing = _fitting(
-            [s for s in plan.slots if (s.node_id, s.index) not in have],
+            [s for s in plan.slots if (s.node_id, s.index) not in have and self._may_retry(s)],
             [w.slot for w in self._workers.values() if w.alive],
             nodes,
         )
@@ -232,6 +255,16 @@ class RayWorkerPool(WorkerPool):
 
     def free_workers(self) -> list[str]:
         return self._free.ordered()
+
+    def _may_retry(self, slot: Slot) -> bool:
+        return self._start_attempts.get((slot.node_id, slot.index), 0) < MAX_START_ATTEMPTS
+
+    def live_workers(self) -> int:
+        return sum(1 for w in self._workers.values() if w.alive)
+
+    def may_start_workers(self) -> bool:
+        have = {(w.slot.node_id, w.slot.index) for w in self._workers.values() if w.alive}
+        return any((s.node_id, s.index) not in have and self._may_retry(s) for s in self._plan.slots)
 
     def _refresh_free(self, w: _Worker) -> None:
         """Re-file ``w`` after its queue, readiness or liveness changed: ready workers first, then the least loaded."""
@@ -258,7 +291,8 @@ class RayWorkerPool(WorkerPool):
     def worker_info(self, worker: str) -> dict[str, Any]:
         return self._workers[worker].info
 
-    def _lose(self, w: _Worker, why: str) -> list[PoolEvent]:
+    def _lose(self, w: _Worker, why: str, kind: str = "lost") -> list[PoolEvent]:
+        """The worker is gone: its queued trials fail as worker losses (the master re-queues them)."""
         w.alive = False
         events = [
             PoolEvent("failed", w.worker_id, t.trial, t.attempt, error=why, started=t.started, worker_lost=True)
@@ -266,7 +300,8 @@ class RayWorkerPool(WorkerPool):
         ]
         w.tasks.clear()
         self._refresh_free(w)
-        events.append(PoolEvent("lost", w.worker_id, error=why, worker_lost=True))
+        where = {"node": w.slot.node_id, "hostname": self._hosts.get(w.slot.node_id, "")}
+        events.append(PoolEvent(kind, w.worker_id, error=why, worker_lost=True, data=where))
         try:
             self._ray.kill(w.actor, no_restart=True)
         except Exception as exc:  # already gone with its process or node
@@ -305,7 +340,7 @@ class RayWorkerPool(WorkerPool):
                     self._refresh_free(w)
                     events.append(PoolEvent("ready", w.worker_id, data=w.info))
                 except Exception as exc:
-                    events.extend(self._lose(w, f"worker failed to start: {_first_line(exc)}"))
+                    events.extend(self._lose(w, _first_line(exc), kind="start_failed"))
                 continue
             events.extend(self._drain(w, task))
         return events
@@ -330,7 +365,10 @@ class RayWorkerPool(WorkerPool):
                 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
                 if isinstance(exc, (ActorDiedError, RayActorError, ActorUnavailableError)):
-                    events.extend(self._lose(w, f"worker died: {_first_line(exc)}"))
+                    if not w.info:  # it died in __init__: a start failure, whichever of its refs failed first
+                        events.extend(self._lose(w, _first_line(exc), kind="start_failed"))
+                    else:
+                        events.extend(self._lose(w, f"worker died: {_first_line(exc)}"))
                 else:
                     w.tasks.remove(task)
                     self._refresh_free(w)

@@ -86,6 +86,7 @@ class SimulatedWorkerPool(WorkerPool):
         batch_size: int = 64,
         failure_fn: Callable[[TrialSpec], str | None] | None = None,
         device_ops_per_s: float | None = None,
+        fail_start: Callable[[str], str | None] | None = None,
     ) -> None:
         self.clock = clock
         self.epoch_s = epoch_s
@@ -96,6 +97,7 @@ class SimulatedWorkerPool(WorkerPool):
         self.images = images
         self.batch_size = batch_size
         self.failure_fn = failure_fn
+        self.fail_start = fail_start  # worker id -> why it cannot start (None: it starts)
         self._workers = {f"w{k:05d}": _SimWorker(f"w{k:05d}", f"sim-node-{k % nodes}") for k in range(workers)}
         self._free = FreeWorkers()
         for w in self._workers.values():
@@ -146,28 +148,26 @@ class SimulatedWorkerPool(WorkerPool):
             events.extend(self._kill(wid))
         return events
 
-    def _kill(self, wid: str) -> list[PoolEvent]:
+    def _kill(self, wid: str, why: str = "simulated worker death", kind: str = "lost") -> list[PoolEvent]:
         w = self._workers[wid]
         if not w.alive:
             return []
         w.alive = False
         now = self.clock()
         events = [
-            PoolEvent(
-                "failed",
-                wid,
-                t.trial,
-                t.attempt,
-                error="simulated worker death",
-                started=t.start <= now,
-                worker_lost=True,
-            )
+            PoolEvent("failed", wid, t.trial, t.attempt, error=why, started=t.start <= now, worker_lost=True)
             for t in w.queue
         ]
         w.queue.clear()
         self._refresh_free(w)
-        events.append(PoolEvent("lost", wid, error="simulated worker death", worker_lost=True))
+        events.append(PoolEvent(kind, wid, error=why, worker_lost=True, data={"node": w.node, "hostname": w.node}))
         return events
+
+    def live_workers(self) -> int:
+        return sum(1 for w in self._workers.values() if w.alive)
+
+    def may_start_workers(self) -> bool:
+        return False  # simulated workers are never replaced
 
     def free_workers(self) -> list[str]:
         return self._free.ordered()
@@ -220,7 +220,11 @@ class SimulatedWorkerPool(WorkerPool):
             self._announced = True
             for w in self._workers.values():
                 w.started_at = self.clock()
-                events.append(PoolEvent("ready", w.worker_id, data=self.worker_info(w.worker_id)))
+                cause = self.fail_start(w.worker_id) if self.fail_start is not None else None
+                if cause:
+                    events.extend(self._kill(w.worker_id, cause, kind="start_failed"))
+                else:
+                    events.append(PoolEvent("ready", w.worker_id, data=self.worker_info(w.worker_id)))
             return events
         now = self.clock()
         if self._events and self._events[0][0] > now:
@@ -272,7 +276,8 @@ class SimulatedWorkerPool(WorkerPool):
                             "val_loss": 1.0 - acc,
                             "train_s": task.epoch_s * 0.9,
                             "eval_s": task.epoch_s * 0.1,
-                            "data_wait_s": None,
+                            "data_wait_s": 0.0,
+                            "input": "simulated",
                             "batch_size": int(task.spec.hparams["batch_size"]),
                             "precision": "float32",
                             "oom_retries": 0,

@@ -2,6 +2,8 @@
 
 The framework import, the device set-up and the dataset happen once, in ``__init__``;
 every trial after that only builds and trains a model, so no trial pays a process start.
+A worker of a streamed dataset also checks there that it can read the files (a node that
+does not see the dataset fails here, once, with its name, rather than in every trial).
 The worker measures its own busy time (inside training and evaluation steps) and the
 gaps between trials, which the master records per worker.
 """
@@ -12,6 +14,7 @@ import logging
 import os
 import socket
 import time
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -41,6 +44,11 @@ class TrialWorker:
         configure_process(backend, threads)
         from aiperf.training.trainer import TrainerSettings, TrialRunner
 
+        if dataset.streaming:
+            from aiperf.datasets.census import check_readable
+
+            check_readable(dataset, seed=zlib.crc32(worker_id.encode()))  # each worker samples other files
+
         self.worker_id = worker_id
         self.backend = backend
         self.device = describe_device(backend)
@@ -54,10 +62,14 @@ class TrialWorker:
             max_batch_size=int(train.get("max_batch_size", 4096)),
             device_memory_bytes=int(self.device.memory_bytes) if self.device.kind == "gpu" else 0,
             data_parallel=max(1, int(data_parallel)),
+            decode_threads=_decode_threads(train.get("decode_threads", "auto"), threads),
+            max_bad_fraction=float(train.get("max_bad_fraction", 0.001)),
+            shuffle_buffer=int(train.get("shuffle_buffer", 8192)),
         )
         self.runner = TrialRunner(dataset, settings, backend)
         self.versions = versions(backend)
         self.threads = threads
+        self.decode_threads = settings.decode_threads
         self.ready_at = time.monotonic()
         self.init_s = self.ready_at - t0
         self.busy_s = 0.0
@@ -83,6 +95,7 @@ class TrialWorker:
             "precision": self.precision,
             "versions": self.versions,
             "threads": self.threads,
+            "decode_threads": self.decode_threads if self.runner.dataset.streaming else None,
             "init_s": self.init_s,
         }
 
@@ -128,3 +141,8 @@ class TrialWorker:
                 "median_s": gaps[len(gaps) // 2] if gaps else None,
             },
         }
+
+
+def _decode_threads(setting: int | str, threads: int) -> int:
+    """``dataset.decode_threads``: a number, or ``auto`` -- the worker's CPU share (at least one)."""
+    return max(1, threads) if setting == "auto" else max(1, int(setting))

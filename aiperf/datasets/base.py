@@ -3,16 +3,55 @@
 Images stay in their compact stored form (usually ``uint8``) and are mapped to floats by
 the model's input layer with ``pixel_scale``/``pixel_offset``: a resident dataset then
 costs a quarter of the memory on host and device. Small datasets are held as arrays
-(``x_train`` ...); large ones (an ImageNet folder) are streamed from ``train_files``.
+(``x_train`` ...); large ones are streamed: an ImageNet folder from ``train_files`` (one
+image per file), TFRecord shards from ``train_shards`` (records addressed by a global index).
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+
+@dataclass
+class RecordShards:
+    """One split stored as TFRecord shards: record ``i`` is the ``i``-th record of the shards in order.
+
+    ``keep`` (sorted global record indices) selects a subset, e.g. after ``max_train_images``;
+    labels live inside the records and are decoded with ``label - label_offset``.
+    """
+
+    paths: list[str]
+    counts: list[int]
+    keep: np.ndarray | None = None
+    label_offset: int = 1
+
+    @property
+    def total(self) -> int:
+        """Records in the shards (selected or not)."""
+        return int(sum(self.counts))
+
+    @property
+    def size(self) -> int:
+        """Records in the split."""
+        return self.total if self.keep is None else len(self.keep)
+
+    def indices(self) -> np.ndarray:
+        """Global indices of the split's records, ascending."""
+        return np.arange(self.total, dtype=np.int64) if self.keep is None else np.asarray(self.keep, np.int64)
+
+    def starts(self) -> np.ndarray:
+        """Global index of each shard's first record."""
+        return np.concatenate([[0], np.cumsum(self.counts)[:-1]]).astype(np.int64)
+
+    def name_of(self, index: int) -> str:
+        """``train-00003-of-01024 record 17``: where a record lives, for messages and the ledger."""
+        shard = int(np.searchsorted(np.cumsum(self.counts), index, side="right"))
+        return f"{os.path.basename(self.paths[shard])} record {index - int(self.starts()[shard])}"
 
 
 @dataclass
@@ -29,9 +68,11 @@ class Dataset:
     pixel_scale: float = 1.0 / 255.0
     pixel_offset: float = 0.0
     source: str = ""  # where the data came from (package, file or folder)
-    # Streaming datasets: lists of (file path, label); decoded and resized on the fly.
+    # Streaming datasets: lists of (file path, label), or TFRecord shards; decoded on the workers.
     train_files: list[tuple[str, int]] | None = None
     val_files: list[tuple[str, int]] | None = None
+    train_shards: RecordShards | None = None
+    val_shards: RecordShards | None = None
     meta: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -40,11 +81,25 @@ class Dataset:
 
     @property
     def train_size(self) -> int:
-        return len(self.y_train) if self.y_train is not None else len(self.train_files or ())
+        if self.y_train is not None:
+            return len(self.y_train)
+        return self.train_shards.size if self.train_shards is not None else len(self.train_files or ())
 
     @property
     def val_size(self) -> int:
-        return len(self.y_val) if self.y_val is not None else len(self.val_files or ())
+        if self.y_val is not None:
+            return len(self.y_val)
+        return self.val_shards.size if self.val_shards is not None else len(self.val_files or ())
+
+    def item_name(self, split: str, index: int) -> str:
+        """A streamed image's name as messages and the ledger show it (relative to the dataset's folder)."""
+        shards = self.train_shards if split == "train" else self.val_shards
+        if shards is not None:
+            return shards.name_of(index)
+        files = self.train_files if split == "train" else self.val_files
+        path = (files or [])[index][0]
+        root = self.meta.get("root")
+        return os.path.relpath(path, root) if root and path.startswith(str(root) + os.sep) else path
 
     def fingerprint(self) -> str:
         """SHA-256 over the split's contents (or file lists): identifies the exact data used."""
@@ -54,6 +109,11 @@ class Dataset:
             for arr in (self.x_train, self.y_train, self.x_val, self.y_val):
                 h.update(f"{arr.dtype}{arr.shape};".encode())
                 h.update(np.ascontiguousarray(arr).tobytes())
+        elif self.train_shards is not None:
+            for shards in (self.train_shards, self.val_shards):
+                assert shards is not None
+                h.update(f"{shards.paths}{shards.counts}{shards.label_offset};".encode())
+                h.update(shards.indices().tobytes())
         else:
             for path, label in (self.train_files or []) + [("|", -1)] + (self.val_files or []):
                 h.update(f"{path}\t{label}\n".encode())
@@ -61,6 +121,10 @@ class Dataset:
 
     def overlap(self) -> int:
         """How many validation examples also occur (byte-identical) in the training split."""
+        if self.train_shards is not None and self.val_shards is not None:
+            shared = set(self.train_shards.paths) & set(self.val_shards.paths)
+            counts = dict(zip(self.val_shards.paths, self.val_shards.counts, strict=True))
+            return sum(counts[p] for p in shared)
         if self.streaming:
             train = {p for p, _ in self.train_files or []}
             return sum(1 for p, _ in self.val_files or [] if p in train)

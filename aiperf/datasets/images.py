@@ -8,7 +8,9 @@ Every failure names the file, so one bad JPEG among a million is easy to find.
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 from PIL import Image
@@ -43,10 +45,21 @@ def decode_image(path: str | Path, size: tuple[int, int] | None = None, channels
 
     ``size`` resizes to ``(height, width)``; without it the stored size is kept.
     """
+    return _decode(path, path, size, channels)
+
+
+def decode_image_bytes(data: bytes, name: str, size: tuple[int, int] | None = None, channels: int = 3) -> np.ndarray:
+    """:func:`decode_image` of an encoded image held in memory (a TFRecord's ``image/encoded``)."""
+    return _decode(io.BytesIO(data), name, size, channels)
+
+
+def _decode(
+    source: str | Path | IO[bytes], name: str | Path, size: tuple[int, int] | None, channels: int
+) -> np.ndarray:
     if channels not in (1, 3):
         raise AiperfError(f"image_folder: channels must be 1 or 3 (got {channels})")
     try:
-        with Image.open(path) as img:
+        with Image.open(source) as img:
             if size is not None:
                 img.draft(None, (size[1], size[0]))
             converted = img.convert("RGB" if channels == 3 else "L")
@@ -54,5 +67,5 @@ def decode_image(path: str | Path, size: tuple[int, int] | None = None, channels
                 converted = converted.resize((size[1], size[0]), Image.Resampling.BILINEAR)
             pixels = np.asarray(converted, dtype=np.uint8)
     except _DECODE_ERRORS as exc:
-        raise _cannot_decode(path, exc) from None
+        raise _cannot_decode(name, exc) from None
     return pixels[..., None] if channels == 1 else pixels

@@ -7,17 +7,26 @@ milliseconds with an in-process pool and scaled to thousands of simulated worker
 
 Time: everything is measured on this process's clock (the ledger's ``t``), never on a
 worker's, so the score never mixes node clocks.
+
+A run that cannot train stops instead of spending its budget: when every worker failed to
+start (and none can be started any more), when ``stop_after_failures`` trials in a row fail
+with the same error on as many workers with no epoch completing in between, or when more
+images cannot be decoded than ``dataset.max_bad_fraction`` allows. It then ends with status
+``failed`` and a one-line reason naming the worker, its node and the cause. Trials lost with
+their worker (a node died) are re-queued from their last epoch as before.
 """
 
 from __future__ import annotations
 
 import gc
 import itertools
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from aiperf.cluster.pool import PoolEvent, WorkerPool
+from aiperf.datasets.bad_images import over_limit, too_many_bad_images
 from aiperf.engine.progress import Progress
 from aiperf.engine.weights import WeightStore
 from aiperf.metrics.flops import GraphCost, aiperf_compatible_operations, count_flops, epoch_operations
@@ -57,9 +66,12 @@ class MasterSettings:
     seed: int = 0
     checkpoint_every_epoch: bool = True
     poll_s: float = 0.5
+    stop_after_failures: int = 5
+    dataset_images: int = 0  # training + validation images: the base of the bad-image share (0: no check)
+    max_bad_fraction: float = 0.001
 
     @classmethod
-    def from_config(cls, cfg: Config) -> MasterSettings:
+    def from_config(cls, cfg: Config, dataset_images: int = 0) -> MasterSettings:
         """The master's part of a run config (one place, so real and simulated runs agree)."""
         return cls(
             time_budget_s=cfg.run.time_budget_s,
@@ -67,7 +79,24 @@ class MasterSettings:
             max_trial_retries=cfg.cluster.max_trial_retries,
             seed=cfg.run.seed,
             checkpoint_every_epoch=cfg.cluster.checkpoint_every_epoch,
+            stop_after_failures=cfg.run.stop_after_failures,
+            dataset_images=dataset_images,
+            max_bad_fraction=cfg.dataset.max_bad_fraction,
         )
+
+
+def cause_key(error: str) -> str:
+    """An error with its paths and numbers blanked: the same cause in different trials matches."""
+    text = re.sub(r"(?<![\w.])/\S+", "<path>", error)
+    return re.sub(r"\d+", "#", text)
+
+
+@dataclass
+class _Failure:
+    cause: str
+    worker: str
+    node: str
+    error: str
 
 
 @dataclass
@@ -113,11 +142,21 @@ class Master:
         self.worker_gaps: dict[str, list[float]] = {}
         self.worker_stats: dict[str, dict[str, Any]] = {}
         self.retired: set[str] = set()
+        self.failure: str | None = None  # why the run cannot go on (ends it as failed)
+        self.start_failures: list[_Failure] = []
+        self.failure_streak: list[_Failure] = []  # trial failures since the last completed epoch
+        self.epochs_counted = 0
+        self.bad_images: set[str] = set()
 
     # -- control ---------------------------------------------------------------------------------
     def request_stop(self, reason: str) -> None:
         """Ask the loop to end at the next opportunity (signal handlers call this)."""
         self.stop_requested = reason
+
+    def fail(self, reason: str) -> None:
+        """End the run as failed at the next opportunity: it cannot make progress (the first reason stays)."""
+        if self.failure is None:
+            self.failure = reason
 
     def _may_propose(self) -> bool:
         cap = self.settings.max_trials
@@ -132,6 +171,9 @@ class Master:
         try:
             while True:
                 now = self.clock()
+                if self.failure is not None:
+                    status, reason = "failed", self.failure
+                    break
                 if self.stop_requested is not None:
                     status, reason = "interrupted", self.stop_requested
                     break
@@ -141,9 +183,13 @@ class Master:
                     reason = f"all {self.proposed} trials finished"
                     break
                 self._handle(self.pool.sync())
+                self._check_workers()
+                if self.failure is not None:
+                    continue
                 self._fill()
                 timeout = min(self.settings.poll_s, max(0.0, self.settings.time_budget_s - now))
                 self._handle(self.pool.wait(timeout))
+                self._check_workers()
                 if self.progress is not None:
                     running = sum(1 for st in self.active.values() if st.started)
                     self.progress.maybe_print(self.clock(), running, len(self.active) - running)
@@ -217,6 +263,63 @@ class Master:
     def _on_ready(self, ev: PoolEvent) -> None:
         self.worker_ready_t.setdefault(ev.worker, self.clock())
 
+    def _where(self, worker: str, data: dict[str, Any] | None = None) -> str:
+        """``worker w0003 on node gpu17``: for messages."""
+        info = data or self.pool.worker_info(worker) or {}
+        node = info.get("hostname") or str(info.get("node", ""))[:12] or "?"
+        return f"worker {worker} on node {node}"
+
+    def _on_start_failed(self, ev: PoolEvent) -> None:
+        d = ev.data
+        self.ledger.append(
+            "worker_failed", worker=ev.worker, node=d.get("node", ""), hostname=d.get("hostname", ""), cause=ev.error
+        )
+        self.start_failures.append(_Failure(cause_key(ev.error), ev.worker, self._where(ev.worker, d), ev.error))
+        self.retired.add(ev.worker)  # it never worked: no worker record with busy times
+        if self.progress is not None:
+            self.progress.note(f"{self._where(ev.worker, d)} failed to start: {ev.error}")
+
+    def _check_workers(self) -> None:
+        """Fail the run when no worker is left and none can be started (or none ever started)."""
+        if not self.start_failures or self.failure is not None:
+            return
+        live = self.pool.live_workers()
+        if live is None or live > 0:
+            return
+        if self.worker_ready_t and self.pool.may_start_workers():
+            return  # workers ran before: replacements get their attempts
+        last = self.start_failures[-1]
+        same = sum(1 for f in self.start_failures if f.cause == last.cause)
+        others = f" ({same - 1} more failed the same way)" if same > 1 else ""
+        self.fail(f"no worker could start: {last.node}: {last.error}{others}")
+
+    def _on_bad_images(self, ev: PoolEvent) -> None:
+        state = self.active.get(ev.trial)
+        d = ev.data
+        new = [name for name in d.get("files", []) if name not in self.bad_images]
+        self.bad_images.update(new)
+        total, fraction = self.settings.dataset_images, self.settings.max_bad_fraction
+        count = max(len(self.bad_images), int(d.get("epoch_count", 0)))
+        over = bool(d.get("over_limit")) or (total > 0 and over_limit(count, total, fraction))
+        if not new and not over:
+            return  # another worker found the same files first
+        info = self.pool.worker_info(ev.worker)
+        self.ledger.append(
+            "bad_images",
+            trial=ev.trial,
+            worker=ev.worker,
+            node=info.get("node", ""),
+            files=new,
+            count=len(self.bad_images),
+            epoch_count=d.get("epoch_count"),
+            over_limit=over,
+        )
+        if over and total > 0:
+            names = sorted(self.bad_images)
+            self.fail(f"{too_many_bad_images(names, total, fraction, count)} (reported by {self._where(ev.worker)})")
+        elif state is not None and self.progress is not None and new:
+            self.progress.note(f"{len(new)} image(s) cannot be decoded and are skipped, e.g. {new[0]}")
+
     def _on_start(self, ev: PoolEvent) -> None:
         state = self.active.get(ev.trial)
         if state is None or state.attempt != ev.attempt:
@@ -282,6 +385,8 @@ class Master:
             train_s=d["train_s"],
             eval_s=d["eval_s"],
             data_wait_s=d.get("data_wait_s"),
+            input=d.get("input"),
+            skipped_images=d.get("skipped_images", 0),
             batch_size=d["batch_size"],
             precision=d["precision"],
             oom_retries=d.get("oom_retries", 0),
@@ -293,6 +398,8 @@ class Master:
             self.worker_gaps.setdefault(ev.worker, []).append(d["idle_before_s"])
         self.worker_busy[ev.worker] = self.worker_busy.get(ev.worker, 0.0) + d["train_s"] + d["eval_s"]
         state.epochs_done = d["epoch"]
+        self.epochs_counted += 1
+        self.failure_streak.clear()
         if "weights" in d:
             state.checkpoint = d["weights"]
         state.best = d["val_acc"] if state.best is None else max(state.best, d["val_acc"])
@@ -373,6 +480,25 @@ class Master:
         self.proposer.forget(state.trial_id)
         if self.progress is not None:
             self.progress.trial_failed(state.trial_id, ev.error)
+        self._note_failure(ev.worker, ev.error)
+
+    def _note_failure(self, worker: str, error: str) -> None:
+        """Fail the run when the last trials all failed the same way, across the workers, with no epoch between."""
+        failure = _Failure(cause_key(error), worker, self._where(worker), error)
+        if self.failure_streak and self.failure_streak[-1].cause != failure.cause:
+            self.failure_streak.clear()
+        self.failure_streak.append(failure)
+        n = self.settings.stop_after_failures
+        live = self.pool.live_workers()
+        workers_needed = min(n, live) if live else n
+        if len(self.failure_streak) < n or len({f.worker for f in self.failure_streak}) < workers_needed:
+            return
+        which = (
+            f"the first {len(self.failure_streak)} trials all failed"
+            if self.epochs_counted == 0
+            else f"{len(self.failure_streak)} trials in a row failed, with no epoch completing in between,"
+        )
+        self.fail(f"{which} with the same error; the last on {failure.node}: {error}")
 
     def _on_lost(self, ev: PoolEvent) -> None:
         self._record_worker(ev.worker, retired_because=ev.error)
@@ -398,6 +524,7 @@ class Master:
             device=info.get("device", {}),
             precision=info.get("precision"),
             init_s=info.get("init_s"),
+            decode_threads=info.get("decode_threads"),
             busy_s=busy,
             alive_s=alive,
             busy_fraction=(busy / alive) if alive else None,

@@ -48,6 +48,10 @@ class Progress:
         self.failed += 1
         self._emit(f"trial {trial} failed: {error}", newline=True)
 
+    def note(self, text: str) -> None:
+        """Something the person watching should know now (a worker that failed to start, skipped images)."""
+        self._emit(text, newline=True)
+
     def line(self, t: float, running: int, queued: int = 0) -> str:
         ops = self.ops / self.last_epoch_t if self.last_epoch_t > 0 else 0.0
         best = f"{self.best:.4f}" if self.best is not None else "-"

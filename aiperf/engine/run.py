@@ -188,6 +188,7 @@ def run_benchmark(
     from aiperf.engine.progress import Progress
     from aiperf.record.summary import format_summary, write_summary
     from aiperf.record.telemetry import TelemetryRecorder
+    from aiperf.training.backend import check_backend_installed
 
     out = out or sys.stdout
     previous: list[dict[str, Any]] = []
@@ -206,6 +207,7 @@ def run_benchmark(
             raise AiperfError("run_benchmark needs a config or a run directory to resume")
         run_id = new_run_id(cfg.run.name)
         run_dir = Path(cfg.run.results_dir) / run_id
+    check_backend_installed(cfg.model.backend)
     dataset = load_dataset(cfg.dataset)
     if previous and dataset.fingerprint() != previous[0]["dataset"]["fingerprint"]:
         raise AiperfError(f"{run_dir}: the dataset on this machine differs from the one the run started with")
@@ -227,6 +229,13 @@ def run_benchmark(
         if not plan.slots:
             raise AiperfError("the cluster has no room for a single trial (no CPUs or GPUs Ray can schedule)")
         print(format_plan(plan), file=out, flush=True)
+        if dataset.streaming:
+            from aiperf.cluster.dataset_check import check_nodes_see_dataset
+
+            training = {s.node_id for s in plan.slots}
+            check_nodes_see_dataset(
+                [n for n in nodes if n.node_id in training], cfg.dataset.name, dataset.source, dataset.meta["census"]
+            )
         proposer = make_search(cfg, seed_graph, plan.batch_size)
         weights = WeightStore(cfg.cluster.keep_weights, run_dir / WEIGHTS_DIR)
         offset = 0.0
@@ -275,8 +284,9 @@ def run_benchmark(
         )
         pool = RayWorkerPool(cfg, dataset, nodes)
         progress = Progress(cfg.run.progress_interval_s, cfg.run.time_budget_s, out)
-        settings = MasterSettings.from_config(cfg)
+        settings = MasterSettings.from_config(cfg, dataset_images=dataset.train_size + dataset.val_size)
         master = Master(settings, proposer, pool, ledger, weights, progress, first_trial=first_trial)
+        master.bad_images.update(f for r in previous if r["type"] == "bad_images" for f in r.get("files", []))
         telemetry = TelemetryRecorder(run_dir, cfg.run.telemetry_interval_s)
         with _Signals() as signals:
             signals.master = master

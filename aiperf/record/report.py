@@ -260,6 +260,44 @@ def _top_architectures(results: RunResults) -> str:
     return note + _table(headers, rows, sortable=True)
 
 
+def _input_section(summary: dict[str, Any]) -> str:
+    """How the images reached the trainers: storage, time spent waiting for input, skipped images."""
+    inp, bad = summary.get("input") or {}, summary.get("bad_images") or {}
+    if not inp:
+        return ""
+    share = inp.get("wait_fraction")
+    items = [
+        ("storage", "streamed (decoded on the workers)" if inp.get("storage") == "stream" else "resident arrays"),
+        ("decode threads per worker", ", ".join(str(t) for t in inp.get("decode_threads") or []) or "-"),
+        ("waiting for input", f"{100 * share:.1f} % of step time" if share is not None else "not measured"),
+        ("data wait / step time", f"{inp.get('data_wait_s', 0):.1f} s / {inp.get('train_s', 0):.1f} s"),
+        ("images skipped (undecodable)", bad.get("count", 0)),
+    ]
+    note = ""
+    if inp.get("starved_workers"):
+        note = (
+            f'<p class="fail">{len(inp["starved_workers"])} worker(s) waited more than '
+            f"{100 * inp['starved_threshold']:.0f} % of their step time for input: the input pipeline limits this run."
+            "</p>"
+        )
+    rows = [
+        f"<tr><td>{_e(w)}</td>{_num(100 * f if f is not None else None, '{:.1f}')}</tr>"
+        for w, f in sorted((inp.get("per_worker_wait_fraction") or {}).items())
+    ]
+    skipped = ""
+    if bad.get("files"):
+        skipped = "<h2>Skipped images</h2><pre>" + _e("\n".join(bad["files"])) + "</pre>"
+    return (
+        '<h2>Input pipeline</h2><div class="two"><div>'
+        + _pairs(items)
+        + note
+        + "</div><div>"
+        + _table(["worker", "% of step time waiting"], rows, sortable=True)
+        + "</div></div>"
+        + skipped
+    )
+
+
 def _system(header: dict[str, Any], summary: dict[str, Any]) -> str:
     plan = header.get("plan") or {}
     nodes = [
@@ -287,6 +325,7 @@ def _system(header: dict[str, Any], summary: dict[str, Any]) -> str:
         ("validation images", ds.get("eval_images")),
         ("input shape", ds.get("input_shape")),
         ("classes", ds.get("num_classes")),
+        ("storage", ds.get("storage") or ("stream" if ds.get("streaming") else "memory")),
         ("split", f"{split.get('method', '?')}, seed {split.get('seed', '?')}, disjoint: {split.get('disjoint')}"),
         ("fingerprint", ds.get("fingerprint")),
     ]
@@ -327,6 +366,7 @@ def render_report(results: RunResults, summary: dict[str, Any], run_dir: str | P
         + _plots(results, summary)
         + "<h2>Top architectures</h2>"
         + _top_architectures(results)
+        + _input_section(summary)
         + _system(header, summary)
         + f"<footer>Computed from {ledger['records']} ledger records; last hash <code>{_e(ledger['last_hash'])}</code>."
         f" Check it with <code>aiperf verify {_e(run_dir)}</code>. Report generated {generated}.</footer>"

@@ -41,6 +41,8 @@ EPOCH_COLUMNS = [
     "train_s",
     "eval_s",
     "data_wait_s",
+    "input",
+    "skipped_images",
     "precision",
 ]
 TRIAL_COLUMNS = [

@@ -19,6 +19,7 @@ from aiperf.record.ledger import read_ledger
 from aiperf.record.telemetry import read_telemetry, summarize_telemetry
 
 SUMMARY_NAME = "summary.json"
+STARVED_FRACTION = 0.10  # a worker waiting longer than this share of its step time for input is starved
 
 
 def _worker_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -44,6 +45,59 @@ def _worker_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
             }
             for w in workers
         },
+    }
+
+
+def _input_summary(start: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, Any]:
+    """How long the training loops waited for input, overall and per worker (from the epoch records)."""
+    dataset = start.get("dataset", {})
+    storage = dataset.get("storage") or ("stream" if dataset.get("streaming") else "memory")
+    measured = [r for r in records if r["type"] == "epoch" and r.get("data_wait_s") is not None]
+    per_worker: dict[str, list[float]] = {}
+    for r in measured:
+        wait_train = per_worker.setdefault(r.get("worker") or "?", [0.0, 0.0])
+        wait_train[0] += r["data_wait_s"]
+        wait_train[1] += r["train_s"]
+    wait = sum(w for w, _ in per_worker.values())
+    train = sum(t for _, t in per_worker.values())
+    fractions = {w: (wt[0] / wt[1] if wt[1] > 0 else None) for w, wt in per_worker.items()}
+    threads = sorted({r["decode_threads"] for r in records if r["type"] == "worker" and r.get("decode_threads")})
+    return {
+        "storage": storage,
+        "epochs_measured": len(measured),
+        "data_wait_s": wait,
+        "train_s": train,
+        "wait_fraction": wait / train if train > 0 else None,
+        "per_worker_wait_fraction": fractions,
+        "starved_workers": sorted(w for w, f in fractions.items() if f is not None and f > STARVED_FRACTION),
+        "starved_threshold": STARVED_FRACTION,
+        "decode_threads": threads,
+    }
+
+
+def _bad_images_summary(start: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Images skipped because they could not be decoded: at load time (in memory) and on the workers."""
+    dataset = start.get("dataset", {})
+    at_load = dataset.get("bad_images") or {}
+    streamed: list[str] = []
+    for r in records:
+        if r["type"] == "bad_images":
+            streamed.extend(f for f in r.get("files", []) if f not in streamed)
+    count = int(at_load.get("count", 0)) + len(streamed)
+    total = int(dataset.get("train_images") or 0) + int(dataset.get("eval_images") or 0) + int(at_load.get("count", 0))
+    return {
+        "count": count,
+        "fraction": count / total if total else None,
+        "files": (list(at_load.get("files", [])) + streamed)[:20],
+        "max_fraction": start.get("config", {}).get("dataset", {}).get("max_bad_fraction"),
+    }
+
+
+def _start_failures(records: list[dict[str, Any]]) -> dict[str, Any]:
+    failed = [r for r in records if r["type"] == "worker_failed"]
+    return {
+        "count": len(failed),
+        "first": {k: failed[0].get(k) for k in ("worker", "hostname", "node", "cause")} if failed else None,
     }
 
 
@@ -122,6 +176,9 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         },
         "best": best_trial,
         "workers": _worker_summary(records),
+        "input": _input_summary(start, records),
+        "bad_images": _bad_images_summary(start, records),
+        "worker_start_failures": _start_failures(records),
         "ledger": {"records": len(records), "last_hash": records[-1]["hash"]},
     }
 
@@ -171,9 +228,21 @@ def format_summary(summary: dict[str, Any], run_dir: str | Path) -> str:
         f" backend {summary['backend']}, precision {', '.join(summary['precision']) or '-'}",
         f"  verdict              {v['headline']}",
     ]
+    if summary["status"] == "failed":
+        lines.insert(1, f"  failed because       {summary.get('stop_reason')}")
     workers = summary.get("workers") or {}
     if workers.get("busy_fraction_mean") is not None:
         lines.insert(-1, f"  workers              {format_workers(workers)}")
+    failures = summary.get("worker_start_failures") or {}
+    if failures.get("count"):
+        first = failures["first"]
+        lines.insert(
+            -1,
+            f"  workers not started  {failures['count']}, e.g. worker {first['worker']} on node "
+            f"{first.get('hostname') or first.get('node')}: {first['cause']}",
+        )
+    for line in format_input(summary.get("input") or {}, summary.get("bad_images") or {}):
+        lines.insert(-1, line)
     telemetry = summary.get("telemetry")
     if telemetry:
         lines.append(f"  telemetry            {format_telemetry(telemetry)}")
@@ -189,6 +258,33 @@ def format_workers(w: dict[str, Any]) -> str:
     if w.get("idle_gap_mean_s") is not None:
         text += f", {w['idle_gap_mean_s']:.2f} s mean gap between trials"
     return text
+
+
+def format_input(inp: dict[str, Any], bad: dict[str, Any]) -> list[str]:
+    """The input pipeline's lines: share of step time spent waiting, starved workers, skipped images."""
+    lines = []
+    if inp.get("wait_fraction") is not None:
+        how = "streamed" if inp.get("storage") == "stream" else "resident arrays"
+        if inp.get("decode_threads"):
+            how += f", {'/'.join(str(t) for t in inp['decode_threads'])} decode thread(s) per worker"
+        lines.append(f"  input pipeline       {100 * inp['wait_fraction']:.0f} % of step time waiting ({how})")
+    if inp.get("starved_workers"):
+        starved = inp["starved_workers"]
+        lines.append(
+            f"  input warning        {len(starved)} worker(s) waited more than "
+            f"{100 * inp['starved_threshold']:.0f} % of their step time for input ({', '.join(starved[:4])}"
+            f"{', ...' if len(starved) > 4 else ''}): the input pipeline limits this run; give each worker more "
+            "CPU cores (dataset.decode_threads, cluster.cpus_per_trial) or hold the data in memory"
+        )
+    if bad.get("count"):
+        from aiperf.datasets.bad_images import name_a_few
+
+        share = f" ({100 * bad['fraction']:.2f} % of the images)" if bad.get("fraction") is not None else ""
+        lines.append(
+            f"  bad images           {bad['count']} skipped, cannot be decoded{share}: "
+            f"{name_a_few(bad['files'], bad['count'])}"
+        )
+    return lines
 
 
 def format_telemetry(t: dict[str, Any]) -> str:

@@ -9,6 +9,7 @@ here, one function each.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import os
 import platform
@@ -23,6 +24,25 @@ from aiperf.errors import AiperfError
 logger = logging.getLogger(__name__)
 
 BACKENDS = ("tensorflow", "jax", "torch")
+BACKEND_PACKAGES = {"tensorflow": "tensorflow", "jax": "jax", "torch": "torch"}
+
+
+def check_backend_installed(backend: str) -> None:
+    """A fast, clear error on the head when the configured Keras backend is not installed there.
+
+    Looks the package up without importing it (milliseconds; the master never imports the
+    framework). Workers on other nodes that lack it fail to start, and the run says so.
+    """
+    package = BACKEND_PACKAGES.get(backend, backend)
+    try:
+        found = importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise AiperfError(
+            f"model.backend={backend}: the {package} package is not installed on this machine "
+            f"(pip install {package}; every node needs it), or choose another model.backend"
+        )
 
 
 @dataclass

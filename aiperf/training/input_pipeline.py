@@ -11,43 +11,100 @@ Two measured problems shape this module (benchmarks/RESULTS.md):
   truncated to a whole number of batches (different images are left out each epoch), and
   the images actually trained on are what gets counted. Evaluation pads the validation
   split to whole batches and ignores the padding's outputs (padding work is not counted).
+
+The time the training loop waits for its next batch is measured here too (``stats``): on
+TensorFlow by a tick dataset zipped in front of the pipeline's last prefetch (see
+:mod:`aiperf.training.stream_input`, which streams files and shards the same way), on JAX
+and torch by timing the gather of each batch in the generator ``fit`` pulls from.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 
 class TrainInput:
-    """Shuffled full batches of one trial's training split, epoch after epoch."""
+    """Shuffled full batches of one trial's resident training split, epoch after epoch."""
+
+    streaming = False
 
     def __init__(self, x: np.ndarray, y: np.ndarray, batch: int, seed: int, backend: str) -> None:
         self.x, self.y, self.batch = x, y, int(batch)
         self.steps = max(1, len(y) // self.batch)
         self.images = self.steps * self.batch
         self.seed = int(seed)
+        self._wait_s, self._steps = 0.0, 0
+        self._counters: tuple[Any, Any] | None = None  # TensorFlow: (seconds waited, batches delivered)
         self._dataset = self._tf_dataset() if backend == "tensorflow" else None
 
     def _tf_dataset(self) -> Any:
         import tensorflow as tf
 
+        wait_s = tf.Variable(0.0, dtype=tf.float64, trainable=False)
+        delivered = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self._counters = (wait_s, delivered)
         xs, ys = tf.constant(self.x), tf.constant(self.y)
         index = tf.data.Dataset.range(len(self.y)).shuffle(len(self.y), seed=self.seed, reshuffle_each_iteration=True)
-        batches = index.batch(self.batch, drop_remainder=True).take(self.steps)
-        pipeline = batches.map(lambda i: (tf.gather(xs, i), tf.gather(ys, i))).prefetch(1)
+        batches_of = index.batch(self.batch, drop_remainder=True).take(self.steps)
+        pipeline = batches_of.map(lambda i: (tf.gather(xs, i), tf.gather(ys, i))).prefetch(1)
+
+        def deliver(requested: Any, images: Any, labels: Any) -> tuple[Any, Any]:
+            with tf.control_dependencies([wait_s.assign_add(tf.timestamp() - requested), delivered.assign_add(1)]):
+                return tf.identity(images), tf.identity(labels)
+
+        ticks = tf.data.Dataset.from_tensors(0).repeat().map(lambda _: tf.timestamp())
+        pipeline = tf.data.Dataset.zip((ticks, pipeline)).map(lambda t, xy: deliver(t, *xy))
         options = tf.data.Options()
         options.autotune.enabled = False
+        options.experimental_optimization.inject_prefetch = False  # keep the tick in the consumer's thread
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
         return pipeline.with_options(options)
 
+    def _numpy_batches(self, epoch: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        order = np.random.default_rng((self.seed, epoch)).permutation(len(self.y))[: self.images]
+        for k in range(self.steps):
+            t0 = time.perf_counter()
+            rows = order[k * self.batch : (k + 1) * self.batch]
+            batch = self.x[rows], self.y[rows]
+            self._wait_s += time.perf_counter() - t0
+            self._steps += 1
+            yield batch
+
+    def on_train_begin(self) -> None:
+        """Count from here: a batch Keras drew before, to build metrics, is not trained on."""
+        for var in self._counters or ():
+            var.assign(tf_zero(var))
+
     def fit_kwargs(self, epoch: int) -> dict[str, Any]:
         """Arguments for one ``model.fit(..., epochs=1)`` call covering epoch ``epoch``."""
+        self._wait_s, self._steps = 0.0, 0
         if self._dataset is not None:
+            self.on_train_begin()
             return {"x": self._dataset, "shuffle": False}  # the pipeline reshuffles every epoch
-        order = np.random.default_rng((self.seed, epoch)).permutation(len(self.y))[: self.images]
-        return {"x": self.x[order], "y": self.y[order], "batch_size": self.batch, "shuffle": False}
+        # A generator, as the streamed input on these backends: Keras peeks at its first batches and trains them.
+        return {"x": self._numpy_batches(epoch), "shuffle": False}
+
+    def stats(self) -> dict[str, Any]:
+        """What the last epoch trained on: steps, images, seconds waiting for batches (nothing is skipped)."""
+        if self._counters is not None:
+            wait_s, steps = float(self._counters[0].numpy()), int(self._counters[1].numpy())
+        else:
+            wait_s, steps = self._wait_s, self._steps
+        return {
+            "steps": steps,
+            "images": steps * self.batch,
+            "data_wait_s": wait_s,
+            "skipped": np.empty(0, np.int64),
+        }
+
+
+def tf_zero(var: Any) -> Any:
+    """Zero of a TensorFlow variable's dtype."""
+    return 0.0 if var.dtype.is_floating else 0
 
 
 def eval_batch_size(n_images: int, preferred: int, multiple: int = 1) -> int:

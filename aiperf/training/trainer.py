@@ -5,22 +5,32 @@ framework. Every hyperparameter of the trial is applied here and nowhere else: t
 learning rate and weight decay go into the optimizer, the batch size into ``fit``, the
 dropout rate into the built graph, the epoch count into the loop, and the kernel size
 already shaped the architecture the worker received.
+
+Resident datasets are fed from memory (:mod:`aiperf.training.input_pipeline`), streamed ones
+are decoded as they train (:mod:`aiperf.training.stream_input`); either way each epoch record
+says how many images were trained on, how long the loop waited for input, and how many
+images were skipped because they could not be decoded (their names go to the master in a
+``bad_images`` item, and too many of them end the trial with a one-line error).
 """
 
 from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from aiperf.datasets.bad_images import bad_image_limit, too_many_bad_images
 from aiperf.datasets.base import Dataset
+from aiperf.errors import AiperfError
 from aiperf.training.backend import is_out_of_memory
 from aiperf.training.input_pipeline import TrainInput, eval_batch_size, predict_all
 from aiperf.training.model import build_model, get_weights, set_weights
+from aiperf.training.stream_input import TOO_MANY_BAD
 from aiperf.training.trial import TrialSpec, Weights, apply_hparams, inherit_weights
 
 ACTIVATION_MEMORY_FRACTION = 0.6
@@ -38,6 +48,9 @@ class TrainerSettings:
     max_batch_size: int = 4096
     device_memory_bytes: int = 0  # 0: no device memory bound (CPU)
     data_parallel: int = 1  # devices one trial trains on (per_node placement); batch sizes are per device
+    decode_threads: int = 1  # streamed input: tf.data decode threads
+    max_bad_fraction: float = 0.001  # undecodable images allowed, as a share of the dataset
+    shuffle_buffer: int = 8192  # streamed TFRecord shards: records in the shuffle buffer
 
 
 def batch_limit(activation_bytes_per_image: float, device_memory_bytes: int, max_batch: int) -> int:
@@ -60,13 +73,18 @@ class _FirstStepTimer:
     """Keras callback that records when the first training step of a fit call ends (compile cost).
 
     It listens for the *second* step's start rather than the first step's end: overriding
-    ``on_train_batch_end`` makes Keras synchronise with the device after every step.
+    ``on_train_batch_end`` makes Keras synchronise with the device after every step. At the
+    start of training proper it tells the input to start counting (``on_train_begin``): Keras
+    may have drawn a batch before, from an iterator it then drops, to build the model's metrics.
     """
 
-    def __init__(self, keras: Any) -> None:
+    def __init__(self, keras: Any, on_train_begin: Any) -> None:
         outer = self
 
         class _Callback(keras.callbacks.Callback):
+            def on_train_begin(self, logs: Any = None) -> None:
+                on_train_begin()
+
             def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
                 if batch == 1 and outer.first_end is None:
                     outer.first_end = time.perf_counter()
@@ -88,6 +106,46 @@ class TrialRunner:
         self.last_model: Any = None  # the most recent trial's model, for inspection
         self.backend = backend or keras.backend.backend()
         self._parallel = DataParallel(self.backend, settings.data_parallel)
+        self.bad_limit = bad_image_limit(dataset.train_size + dataset.val_size, settings.max_bad_fraction)
+        self.reported_bad: set[str] = set()  # names already sent to the master by this worker
+
+    # -- input ---------------------------------------------------------------------------------
+    def _train_feed(self, batch: int, seed: int) -> Any:
+        ds, s = self.dataset, self.settings
+        if not ds.streaming:
+            return TrainInput(ds.x_train, ds.y_train, batch, seed, self.backend)
+        from aiperf.training.stream_input import TrainStream
+
+        return TrainStream(ds, batch, seed, self.backend, s.decode_threads, self.bad_limit, s.shuffle_buffer)
+
+    def _evaluate(self, model: Any, batch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(logits, labels, skipped validation indices) over the whole validation split."""
+        ds = self.dataset
+        if not ds.streaming:
+            return predict_all(model, ds.x_val, batch), ds.y_val, np.empty(0, np.int64)
+        from aiperf.training.stream_input import EvalStream
+
+        logits, labels, skipped, _ = EvalStream(ds, batch, self.backend, self.settings.decode_threads).predict(model)
+        return logits, labels, skipped
+
+    def _bad_images(self, train: np.ndarray, val: np.ndarray, over: bool) -> dict[str, Any] | None:
+        """A ``bad_images`` item with the names this worker has not reported yet (None if nothing new)."""
+        from aiperf.training.stream_input import name_bad
+
+        names = name_bad(self.dataset, "train", train) + name_bad(self.dataset, "val", val)
+        new = [n for n in names if n not in self.reported_bad]
+        self.reported_bad.update(new)
+        if not new and not over:
+            return None
+        return {"type": "bad_images", "files": new, "epoch_count": len(train) + len(val), "over_limit": over}
+
+    def _too_many(self, train: np.ndarray, val: np.ndarray, count: int | None = None) -> AiperfError:
+        from aiperf.training.stream_input import name_bad
+
+        ds = self.dataset
+        names = name_bad(ds, "train", train) + name_bad(ds, "val", val)
+        message = too_many_bad_images(names, ds.train_size + ds.val_size, self.settings.max_bad_fraction, count)
+        return AiperfError(f"{ds.name}: {message}")
 
     # -- pieces --------------------------------------------------------------------------------
     def _compile(self, model: Any, hparams: dict[str, Any], steps_total: int, steps_done: int) -> None:
@@ -168,7 +226,7 @@ class TrialRunner:
         )
         replicas = max(1, self.settings.data_parallel)  # batch sizes are per device; the global batch scales
         batch = max(replicas, min(requested, limit, max(1, ds.train_size // replicas)) * replicas)
-        feed = TrainInput(ds.x_train, ds.y_train, batch, spec.seed, self.backend)
+        feed = self._train_feed(batch, spec.seed)
         steps_per_epoch = feed.steps
         epochs = spec.epochs
         model = self._build(graph, weights)
@@ -181,18 +239,29 @@ class TrialRunner:
         best = None
         for epoch in range(spec.start_epoch + 1, epochs + 1):
             while True:
-                timer = _FirstStepTimer(keras)
+                timer = _FirstStepTimer(keras, feed.on_train_begin)
                 t_fit = time.perf_counter()
                 try:
-                    hist = model.fit(**feed.fit_kwargs(epoch), epochs=1, verbose=0, callbacks=[timer.callback])
+                    with warnings.catch_warnings():  # streamed epochs end when the data does, by design
+                        warnings.filterwarnings("ignore", message="Your input ran out of data")
+                        hist = model.fit(**feed.fit_kwargs(epoch), epochs=1, verbose=0, callbacks=[timer.callback])
                     break
                 except Exception as exc:
+                    failed = feed.surely_bad() if feed.streaming else np.empty(0, np.int64)
+                    if len(failed) > self.bad_limit or TOO_MANY_BAD in str(exc):
+                        # The pipeline stopped the epoch: more images than allowed surely failed to decode.
+                        count = max(len(failed), self.bad_limit + 1)
+                        report = self._bad_images(failed, np.empty(0, np.int64), over=True)
+                        if report is not None:
+                            report["epoch_count"] = count
+                            yield report
+                        raise self._too_many(failed, np.empty(0, np.int64), count) from None
                     if not is_out_of_memory(exc) or batch <= replicas:
                         raise
                     # Shrink and retry the epoch from its starting weights; the lost partial epoch is not reported.
                     oom_retries += 1
                     batch = max(replicas, batch // 2 // replicas * replicas)
-                    feed = TrainInput(ds.x_train, ds.y_train, batch, spec.seed, self.backend)
+                    feed = self._train_feed(batch, spec.seed)
                     steps_per_epoch = feed.steps
                     del model
                     keras.backend.clear_session()
@@ -201,28 +270,42 @@ class TrialRunner:
                     self._compile(model, spec.hparams, steps_per_epoch * epochs, steps_per_epoch * (epoch - 1))
                     self.last_model = model
             train_s = time.perf_counter() - t_fit
+            fed = feed.stats()
             if first_step_s is None and timer.first_end is not None:
                 first_step_s = timer.first_end - t_fit
             t_eval = time.perf_counter()
             eval_batch = eval_batch_size(ds.val_size, max(batch, self.settings.eval_batch_size), replicas)
-            logits = predict_all(model, ds.x_val, eval_batch)
+            logits, labels, val_skipped = self._evaluate(model, eval_batch)
             eval_s = time.perf_counter() - t_eval
-            val_loss, val_acc = classification_metrics(logits, ds.y_val)
+            skipped = len(fed["skipped"]) + len(val_skipped)
+            if skipped:
+                report = self._bad_images(fed["skipped"], val_skipped, over=skipped > self.bad_limit)
+                if report is not None:
+                    yield report
+                if skipped > self.bad_limit:
+                    raise self._too_many(fed["skipped"], val_skipped)
+            if fed["steps"] == 0 or len(labels) == 0:
+                raise AiperfError(
+                    f"{ds.name}: an epoch found no decodable {'training' if not fed['steps'] else 'validation'} images"
+                )
+            val_loss, val_acc = classification_metrics(logits, labels)
             best = val_acc if best is None else max(best, val_acc)
             last = epoch == epochs
             record: dict[str, Any] = {
                 "type": "epoch",
                 "epoch": epoch,
-                "train_images": feed.images,
-                "eval_images": int(ds.val_size),
+                "train_images": fed["images"],
+                "eval_images": len(labels),
                 "train_acc": float(hist.history["accuracy"][-1]),
                 "train_loss": float(hist.history["loss"][-1]),
                 "val_acc": val_acc,
                 "val_loss": val_loss,
-                "steps": feed.steps,
+                "steps": fed["steps"],
                 "train_s": train_s,
                 "eval_s": eval_s,
-                "data_wait_s": None,  # resident arrays: there is no input pipeline to wait on
+                "data_wait_s": fed["data_wait_s"],
+                "input": "stream" if feed.streaming else "memory",
+                "skipped_images": skipped,
                 "batch_size": batch,
                 "precision": precision,
                 "oom_retries": oom_retries,
