@@ -11,14 +11,14 @@ from __future__ import annotations
 import base64
 import html
 import json
-import os
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from aiperf.errors import AiperfError
+from aiperf.errors import AiperfError, os_error
 from aiperf.metrics.score import format_ops, score_timeline
 from aiperf.record import plots
+from aiperf.record.files import write_atomic
 from aiperf.record.results import RunResults, load
 from aiperf.record.summary import build_summary, format_telemetry
 
@@ -353,9 +353,7 @@ def write_report(run_dir: str | Path, output: str | Path | None = None) -> Path:
         path = path / REPORT_NAME
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(page)
-        os.replace(tmp, path)
+        write_atomic(path, page.encode())
     except OSError as exc:
-        raise AiperfError(f"cannot write the report to {path}: {exc.strerror}") from None
+        raise os_error(exc, path, "write the report to", exit_code=1) from None
     return path

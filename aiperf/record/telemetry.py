@@ -18,6 +18,7 @@ Line format (one per node per sample)::
 ``wall`` is the master's Unix time when it asked (the same for every node of a round, and on
 the same clock as the ledger's ``wall``); ``node_wall`` is the node's own clock when it
 answered. A node that failed to answer gets ``{"wall": ..., "node": ..., "error": "..."}`` once.
+
 """
 
 from __future__ import annotations
@@ -28,11 +29,12 @@ import json
 import math
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from aiperf.errors import AiperfError
+from aiperf.record.files import read_regular
 
 TELEMETRY_NAME = "telemetry.jsonl"
 _SAMPLE_TIMEOUT_S = 10.0  # a node slower than this to answer misses the sample, not the run
@@ -117,14 +119,26 @@ class TelemetryRecorder:
         self._thread: threading.Thread | None = None
         self._fh: Any = None
         self.samples = 0
+        self.failure: str | None = None  # why telemetry stopped early, if it did
+        self.on_warning: Callable[[str], None] = lambda message: None
 
     def start(self, nodes: list[Any]) -> None:
-        """Place one sampler on each node and begin polling (the first sample is taken at once)."""
+        """Place one sampler on each node and begin polling (the first sample is taken at once).
+
+        Telemetry that cannot start (its file cannot be opened) is reported and skipped: the
+        run does not depend on it.
+        """
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh = open(self.path, "a")  # noqa: SIM115 - held open while the recorder runs
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fh = open(self.path, "a")  # noqa: SIM115 - held open while the recorder runs
+            if self._fh.tell() > 0 and not self.path.read_bytes().endswith(b"\n"):
+                self._fh.write("\n")  # end a line torn by a crash, so the next sample is not glued to it
+        except OSError as exc:
+            self._give_up(f"cannot write {self.path} ({exc.strerror or exc})")
+            return
         remote = ray.remote(num_cpus=0, max_restarts=0)(NodeSampler)
         for node in nodes:
             strategy = NodeAffinitySchedulingStrategy(node.node_id, soft=False)
@@ -135,9 +149,24 @@ class TelemetryRecorder:
     def _loop(self) -> None:
         next_at = time.monotonic()
         while not self._stop.is_set():
-            self.sample_once()
+            try:
+                self.sample_once()
+            except OSError as exc:  # the disk filled up, the file system went away
+                self._give_up(f"cannot write {self.path} ({exc.strerror or exc})")
+                return
+            except Exception as exc:  # telemetry never stops the run: report it once and stop sampling
+                self._give_up(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300])
+                return
             next_at += self.interval_s
             self._stop.wait(max(0.0, next_at - time.monotonic()))
+
+    def _give_up(self, reason: str) -> None:
+        self.failure = reason
+        self._stop.set()
+        with contextlib.suppress(OSError):
+            if self._fh is not None and not self._fh.closed:
+                self._fh.close()
+        self.on_warning(f"telemetry stopped: {reason}; the run goes on without it")
 
     def sample_once(self) -> None:
         """Ask every live sampler for one reading and append what comes back."""
@@ -161,6 +190,8 @@ class TelemetryRecorder:
                 self._write({"wall": round(time.time(), 3), "node": node, "error": first[:300]})
 
     def _write(self, sample: dict[str, Any]) -> None:
+        if self._fh is None or self._fh.closed:
+            return
         self._fh.write(json.dumps(sample, sort_keys=True) + "\n")
         self._fh.flush()
         if "error" not in sample:
@@ -180,26 +211,70 @@ class TelemetryRecorder:
                     ray.kill(actor)
             self._actors.clear()
         if self._fh is not None and not self._fh.closed:
-            self._fh.close()
+            with contextlib.suppress(OSError):  # a full disk: what was written is what there is
+                self._fh.close()
 
 
 # --- reading and summarising ----------------------------------------------------------------
 
 
+def _number(value: Any, low: float = 0.0, high: float = 1e300) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= high
+
+
+_SAMPLE_NUMBERS = ("node_wall", "cpu_percent")
+_SAMPLE_BYTES = ("host_mem_used_bytes", "host_mem_total_bytes")
+_DEVICE_NUMBERS = ("util_percent", "mem_used_bytes", "mem_total_bytes", "power_w")
+
+
+def _clean_sample(sample: Any) -> dict[str, Any] | None:
+    """A sample with every field a reader uses of the right type (a wrong one becomes None), or None.
+
+    ``telemetry.jsonl`` is not part of the hash chain and may be edited: a line that is not
+    a sample (no numeric ``wall``, no string ``node``) is skipped like a torn one.
+    """
+    if not isinstance(sample, dict) or not _number(sample.get("wall"), 0, 253402300799.0):
+        return None
+    if not isinstance(sample.get("node"), str):
+        return None
+    out = dict(sample)
+    if "error" in out:
+        return out
+    out["hostname"] = out.get("hostname") if isinstance(out.get("hostname"), str) else None
+    for key in (*_SAMPLE_NUMBERS, *_SAMPLE_BYTES):
+        if key in out and not _number(out[key]):
+            out[key] = None
+    devices = out.get("accelerators")
+    out["accelerators"] = [
+        {**a, **{k: a[k] if _number(a.get(k)) else None for k in _DEVICE_NUMBERS if k in a}}
+        for a in (devices if isinstance(devices, list) else [])
+        if isinstance(a, dict) and (a.get("index") is None or _number(a.get("index"), 0, 2**31))
+    ]
+    return out
+
+
 def read_telemetry(run_dir: str | Path) -> list[dict[str, Any]]:
-    """The samples of a run (an absent file is no samples; a torn last line is dropped)."""
+    """The samples of a run (an absent file is no samples; a torn or malformed line is dropped)."""
     path = Path(run_dir) / TELEMETRY_NAME
-    if not path.exists():
+    try:
+        data = read_regular(path)
+    except FileNotFoundError:
         return []
+    except OSError as exc:
+        raise AiperfError(f"{path}: cannot read ({exc.strerror or exc})") from None
     out = []
-    for line in path.read_text().splitlines():
+    for line in data.splitlines():
         try:
-            sample = json.loads(line)
-        except ValueError:
-            continue  # a line cut by a crash
-        if isinstance(sample, dict) and "wall" in sample and "node" in sample:
+            sample = _clean_sample(json.loads(line, parse_constant=_no_constant))
+        except (ValueError, RecursionError):
+            continue  # a line cut by a crash, or not JSON
+        if sample is not None:
             out.append(sample)
     return out
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(name)
 
 
 def _mean(values: Iterable[float | None]) -> float | None:
