@@ -107,7 +107,12 @@ def test_a_run_piped_into_head_on_a_busy_machine_completes_and_says_it_shared_th
     for bad in ("Traceback", "Exception ignored", "BrokenPipeError", "unexpected error"):
         assert bad not in proc.stderr, proc.stderr[-3000:]
     assert "progress output stopped (Broken pipe)" in proc.stderr
-    _completed_run(tmp_path)
+    _, summary = _completed_run(tmp_path)
+    telemetry = summary["telemetry"]
+    assert telemetry["cpu_outside_percent"] >= 20, telemetry  # two busy loops on this machine's cores
+    assert telemetry["cpu_run_percent"] > 0, "the run's own processes were not counted as the run's"
+    assert "shared machine:" in summary["verdict"]["headline"]
+    assert summary["verdict"]["notes"][0].startswith("shared machine: ")
 
 
 @pytest.mark.slow

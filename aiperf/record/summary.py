@@ -3,7 +3,9 @@
 Because the summary is a pure function of the ledger, ``aiperf verify`` can recompute it
 and compare, and a run that was killed still gets a correct summary afterwards. The one
 addition from outside the ledger is the ``telemetry`` section (utilisation, energy), which
-is computed from ``telemetry.jsonl`` when the run recorded one; it never enters the score.
+is computed from ``telemetry.jsonl`` when the run recorded one; it never enters the score,
+but it can add notes to the verdict (a machine shared with other work, see
+:func:`aiperf.record.telemetry.shared_machine_notes`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from aiperf.metrics.score import compute_score, format_ops
 from aiperf.record.files import write_atomic
 from aiperf.record.ledger import LEDGER_NAME, read_ledger
 from aiperf.record.schema import check_shapes
-from aiperf.record.telemetry import read_telemetry, summarize_telemetry
+from aiperf.record.telemetry import read_telemetry, shared_machine_notes, summarize_telemetry
 
 SUMMARY_NAME = "summary.json"
 DATASET_FIELDS = ("name", "train_images", "eval_images", "input_shape", "num_classes", "fingerprint")
@@ -141,6 +143,11 @@ def build_summary(run_dir: str | Path, records: list[dict[str, Any]] | None = No
     if samples:
         interval = _run_section(records[0]).get("telemetry_interval_s")
         summary["telemetry"] = summarize_telemetry(samples, summary["score"]["total_ops"], interval)
+        notes = shared_machine_notes(summary["telemetry"])
+        if notes:  # additive: the rules' verdict stands; the notes say what it was measured beside
+            verdict = summary["verdict"]
+            verdict["notes"] = notes
+            verdict["headline"] = f"{verdict['headline']}; {'; '.join(notes)}"
     return summary
 
 
