@@ -12,11 +12,12 @@ Shared file systems: Linux implements ``flock`` on NFS as a whole-file POSIX loc
 NFSv4 (and NFSv3 with a running lock manager) enforces across clients; a client that
 crashes holds its locks until its lease expires (90 s by default), so a ``--resume`` from
 another node right after such a crash is refused for that long. Lustre enforces ``flock``
-across nodes only when mounted with ``-o flock`` (``localflock`` makes it node-local, which
-does not protect a run directory shared between nodes); without either, or on an NFS mount
-without locking (``nolock``), the lock call fails and the run is refused rather than run
-unprotected. Because NFS's emulation is a POSIX lock, the holder must never open and close
-``run.lock`` a second time (that would drop the lock): this module opens it once.
+across nodes only when mounted with ``-o flock``; ``localflock`` (and NFS's ``nolock``) make
+locks node-local, which does not protect a run directory shared between nodes. Where locks
+are refused (Lustre's default ``noflock``: ENOSYS; NFSv3 without a lock manager: ENOLCK) the
+run is refused rather than run unprotected. Because NFS's emulation is a POSIX lock, the
+holder must never open and close ``run.lock`` a second time (that would drop the lock): this
+module opens it once.
 """
 
 from __future__ import annotations
