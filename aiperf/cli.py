@@ -104,8 +104,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.resume:
         if args.config or args.overrides:
             raise AiperfError("--resume continues a run with its own recorded config; drop --config/--set")
-        if not Path(args.resume).is_dir():
-            raise AiperfError(f"--resume {args.resume}: no such run directory")
+        try:
+            is_dir = Path(args.resume).is_dir()
+        except OSError as exc:  # a name too long
+            raise AiperfError(f"--resume {_shown(args.resume)}: cannot read ({exc.strerror})") from None
+        if not is_dir:
+            raise AiperfError(f"--resume {_shown(args.resume)}: no such run directory")
         _, summary = run_benchmark(None, address=args.address, resume_dir=args.resume)
     else:
         cfg = load_config(args.config, args.overrides)
@@ -138,15 +142,20 @@ def _cmd_flops(args: argparse.Namespace) -> int:
     return 0
 
 
+def _shown(path: Any) -> str:
+    """A path for a one-line message: as given when printable and not absurdly long, else an excerpt."""
+    text = os.fspath(path) if isinstance(path, (str, os.PathLike)) else str(path)
+    return text if text.isprintable() and len(text) <= 1024 else excerpt(text, 200)
+
+
 def _run_dir(path: str) -> Path:
     run_dir = Path(path)
     try:
         is_run = (run_dir / "ledger.jsonl").is_file()
     except OSError as exc:  # a name too long
-        raise AiperfError(f"{excerpt(path, 200)}: cannot read ({exc.strerror})") from None
+        raise AiperfError(f"{_shown(path)}: cannot read ({exc.strerror})") from None
     if not is_run:
-        shown = path if path.isprintable() and len(path) <= 4096 else excerpt(path, 200)
-        raise AiperfError(f"{shown}: not a run directory (no ledger.jsonl)")
+        raise AiperfError(f"{_shown(path)}: not a run directory (no ledger.jsonl)")
     return run_dir
 
 
@@ -251,10 +260,17 @@ def _standard_streams() -> None:
         sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115 - the process's standard error
 
 
+MAX_MESSAGE_CHARS = 1000
+
+
 def _error(message: str) -> None:
-    """One line on stderr; a closed stderr loses the line, never changes the exit code."""
+    """One line on stderr, however much of the user's input a message quotes; a closed stderr
+    loses the line, never changes the exit code."""
+    line = message.replace("\r", "\\r").replace("\n", "\\n")
+    if len(line) > MAX_MESSAGE_CHARS:
+        line = line[: MAX_MESSAGE_CHARS - 3] + "..."
     with contextlib.suppress(OSError, ValueError, AttributeError):
-        print(message, file=sys.stderr, flush=True)
+        print(line, file=sys.stderr, flush=True)
 
 
 def _first_line(exc: BaseException, limit: int = 300) -> str:
@@ -286,7 +302,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # A file operation no code path anticipated: still one line naming the file.
         if os.environ.get("AIPERF_DEBUG"):
             raise
-        where = f"{exc.filename}: " if exc.filename else ""
+        where = f"{_shown(exc.filename)}: " if exc.filename else ""
         name = errno.errorcode.get(exc.errno, "") if exc.errno else ""
         _error(f"aiperf: error: {where}{exc.strerror or _first_line(exc)}{f' ({name})' if name else ''}")
         return 1

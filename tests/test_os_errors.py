@@ -244,3 +244,11 @@ def test_a_summary_that_cannot_be_written_is_an_aiperf_error(tmp_path, sim_run):
         save_summary(target, {"x": 1})
     assert info.value.exit_code == 1 and "summary.json" in str(info.value)
     assert not _temporaries(target)
+
+
+@pytest.mark.parametrize("command", [["run", "--resume"], ["summary"], ["verify"], ["report"], ["flops"]])
+@pytest.mark.parametrize("path", ["a" * 5000, "with\nnewline/run"], ids=["too long", "newline"])
+def test_absurd_paths_are_one_short_line_and_exit_2(command, path):
+    proc = _cli(*command, path, timeout=120)
+    line = _one_line(proc, 2)
+    assert len(line) <= 1000 and proc.stderr.count("\n") == 1, proc.stderr

@@ -205,3 +205,57 @@ def test_resume_takes_over_the_stale_lock_of_a_killed_master(smoke_run, tmp_path
     assert not list(run_dir.glob("*.tmp")) and not list((run_dir / "weights").glob("*.tmp"))
     assert (run_dir / LOCK_NAME).read_bytes() == b""
     assert _cli("verify", str(run_dir)).returncode == 0
+
+
+FORKING_HOLDER = textwrap.dedent(
+    """
+    import os, sys, time
+    from aiperf.record.runlock import RunLock
+    lock = RunLock(sys.argv[1]).acquire("a master that starts a helper process")
+    if os.fork() == 0:  # the child shares the locked file description
+        time.sleep(600)
+        os._exit(0)
+    print("locked", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_a_lock_kept_by_a_child_of_a_dead_master_says_so(tmp_path):
+    holder = subprocess.Popen(
+        [sys.executable, "-c", FORKING_HOLDER, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=cli_env(),
+        cwd=REPO,
+        start_new_session=True,
+    )
+    assert holder.stdout.readline().strip() == "locked"
+    holder.kill()  # the master dies; its child lives on with the lock
+    holder.wait()
+    try:
+        with pytest.raises(RunLocked) as info:
+            RunLock(tmp_path).acquire()
+        assert f"PID {holder.pid}" in str(info.value) and "has exited" in str(info.value)
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)  # the child
+    deadline = time.monotonic() + 30
+    while live_holder(tmp_path) is not None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    with RunLock(tmp_path) as lock:
+        assert lock.previous.pid == holder.pid
+
+
+def test_a_file_system_without_locks_refuses_the_run(tmp_path, monkeypatch):
+    import errno
+
+    import aiperf.record.runlock as runlock
+
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(runlock.fcntl, "flock", no_locks)
+    with pytest.raises(AiperfError) as info:
+        RunLock(tmp_path).acquire()
+    message = str(info.value)
+    assert "does not support file locks (ENOSYS)" in message and "run.results_dir" in message
