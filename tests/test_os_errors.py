@@ -252,3 +252,38 @@ def test_absurd_paths_are_one_short_line_and_exit_2(command, path):
     proc = _cli(*command, path, timeout=120)
     line = _one_line(proc, 2)
     assert len(line) <= 1000 and proc.stderr.count("\n") == 1, proc.stderr
+
+
+def test_a_failed_fsync_stops_the_writer_and_a_failed_observer_only_stops_itself(tmp_path, monkeypatch):
+    import errno
+
+    import aiperf.record.ledger as ledger_module
+
+    warnings = []
+
+    class FailingLog:
+        path = tmp_path / "mllog.txt"
+
+        def __call__(self, record):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    with LedgerWriter(tmp_path) as ledger:
+        ledger.on_warning = warnings.append
+        ledger.subscribe(FailingLog())
+        seen = []
+        ledger.subscribe(seen.append)
+        first = ledger.append("run_start", run_id="r")
+        second = ledger.append("epoch", trial="t00000", epoch=1)
+        assert seen == [first, second], "the other observers and the ledger go on"
+        assert len(warnings) == 1 and "mllog.txt is no longer written" in warnings[0]
+
+        def failing_fsync(fd):
+            raise OSError(errno.EIO, "Input/output error")
+
+        monkeypatch.setattr(ledger_module.os, "fsync", failing_fsync)
+        with pytest.raises(LedgerWriteError, match=r"cannot sync the ledger .*ledger.jsonl: input/output error"):
+            ledger.append("epoch", trial="t00000", epoch=2)
+        with pytest.raises(LedgerWriteError):
+            ledger.append("run_stop", status="failed")
+    monkeypatch.undo()
+    assert [r["type"] for r in read_ledger(tmp_path)] == ["run_start", "epoch", "epoch"]

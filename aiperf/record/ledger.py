@@ -22,6 +22,7 @@ reported as unreadable input (:class:`~aiperf.errors.AiperfError`), never as a c
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import math
@@ -119,7 +120,7 @@ class LedgerWriter:
         try:
             os.fsync(self._fh.fileno())
         except OSError as exc:
-            raise self._fail(exc, "make durable") from None
+            raise self._fail(exc, "sync the ledger") from None
         durable, self._unsynced = self._unsynced, []
         for record in durable:
             for callback in list(self._subscribers):
@@ -179,7 +180,7 @@ class LedgerWriter:
             while view:
                 written = self._fh.write(view)
                 if not written:
-                    raise OSError(28, os.strerror(28))  # pragma: no cover - a 0-byte write means a full device
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # a 0-byte write: the device is full
                 view = view[written:]
         except OSError as exc:
             with contextlib.suppress(OSError):  # shrinking a file needs no free space
