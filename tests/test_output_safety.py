@@ -88,7 +88,7 @@ def test_a_run_piped_into_head_on_a_busy_machine_completes_and_says_it_shared_th
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True) for _ in range(2)]
     try:
         command = shlex.join(
-            _run_args(tmp_path, 25, "--set", "run.progress_interval_s=0.5", "--set", "run.telemetry_interval_s=1")
+            _run_args(tmp_path, 15, "--set", "run.progress_interval_s=0.5", "--set", "run.telemetry_interval_s=1")
         )
         proc = subprocess.run(
             ["bash", "-c", f"{command} | head -1; exit ${{PIPESTATUS[0]}}"],
@@ -126,7 +126,7 @@ def test_a_stalled_reader_and_closed_descriptors_do_not_hold_the_run(tmp_path):
         os.close(2)
 
     proc = subprocess.Popen(
-        _run_args(tmp_path, 20, "--set", "run.progress_interval_s=0.05"),
+        _run_args(tmp_path, 12, "--set", "run.progress_interval_s=0.05"),
         stdout=write_end,
         env=cli_env(),
         cwd=REPO,
@@ -154,7 +154,7 @@ def test_a_stalled_reader_and_closed_descriptors_do_not_hold_the_run(tmp_path):
 def test_on_a_terminal_that_is_resized_the_run_redraws_its_line_and_completes(tmp_path):
     master, slave = pty.openpty()
     proc = subprocess.Popen(
-        _run_args(tmp_path, 20, "--set", "run.progress_interval_s=0.5"),
+        _run_args(tmp_path, 12, "--set", "run.progress_interval_s=0.5"),
         stdin=subprocess.DEVNULL,
         stdout=slave,
         stderr=slave,
