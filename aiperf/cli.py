@@ -6,11 +6,19 @@ after writing its summary, with the reason as one line on stderr; an interrupted
 130 after writing its summary; an unexpected internal error prints one line too (set
 ``AIPERF_DEBUG=1`` for the traceback). Results already written are never touched by an
 error path.
+
+Exit codes: 0 success (``verify``: verified); 1 the run or command failed at run time --
+a disk filled up, a file could not be written -- with everything recorded before kept
+(``verify``: a check failed); 2 bad or unreadable input, a refused request (a run directory
+in use by another master) or a bad flag; 130 interrupted. Output that cannot be written (a
+closed pipe, ``aiperf run ... | head -1``) is dropped and changes no exit code.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import logging
 import os
 import sys
@@ -18,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from aiperf.errors import AiperfError
+from aiperf.errors import AiperfError, excerpt
 from nas.errors import NasError
 
 
@@ -138,6 +146,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _stdout() -> Any:
+    """Standard output that a closed pipe switches off instead of failing the command."""
+    from aiperf.engine.output import output
+
+    return output(sys.stdout)
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from aiperf.config import load_config
     from aiperf.engine.run import run_benchmark
@@ -145,8 +160,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.resume:
         if args.config or args.overrides:
             raise AiperfError("--resume continues a run with its own recorded config; drop --config/--set")
-        if not Path(args.resume).is_dir():
-            raise AiperfError(f"--resume {args.resume}: no such run directory")
+        try:
+            is_dir = Path(args.resume).is_dir()
+        except OSError as exc:  # a name too long
+            raise AiperfError(f"--resume {_shown(args.resume)}: cannot read ({exc.strerror})") from None
+        if not is_dir:
+            raise AiperfError(f"--resume {_shown(args.resume)}: no such run directory")
         _, summary = run_benchmark(None, address=args.address, resume_dir=args.resume)
     else:
         cfg = load_config(args.config, args.overrides)
@@ -169,7 +188,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         plan = make_plan(cluster_nodes(probe=True), cfg)
     finally:
         session.shutdown()
-    print(format_plan(plan))
+    print(format_plan(plan), file=_stdout())
     return 0
 
 
@@ -178,37 +197,72 @@ def _cmd_flops(args: argparse.Namespace) -> int:
 
     if args.batch_size < 1:
         raise AiperfError("--batch-size must be at least 1")
-    print(flops_command(args.file, as_json=args.json, batch_size=args.batch_size))
+    print(flops_command(args.file, as_json=args.json, batch_size=args.batch_size), file=_stdout())
     return 0
+
+
+def _shown(path: Any) -> str:
+    """A path for a one-line message: as given when printable and not absurdly long, else an excerpt."""
+    text = os.fspath(path) if isinstance(path, (str, os.PathLike)) else str(path)
+    return text if text.isprintable() and len(text) <= 1024 else excerpt(text, 200)
 
 
 def _run_dir(path: str) -> Path:
     run_dir = Path(path)
-    if not (run_dir / "ledger.jsonl").is_file():
-        raise AiperfError(f"{path}: not a run directory (no ledger.jsonl)")
+    try:
+        is_run = (run_dir / "ledger.jsonl").is_file()
+    except OSError as exc:  # a name too long
+        raise AiperfError(f"{_shown(path)}: cannot read ({exc.strerror})") from None
+    if not is_run:
+        raise AiperfError(f"{_shown(path)}: not a run directory (no ledger.jsonl)")
     return run_dir
 
 
+def _note(message: str) -> None:
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        print(f"aiperf: note: {message}", file=sys.stderr, flush=True)
+
+
 def _cmd_summary(args: argparse.Namespace) -> int:
-    from aiperf.record.summary import format_summary, write_summary
+    """Recompute and print; write summary.json unless a live master owns the directory."""
+    from aiperf.record.ledger import LEDGER_NAME, read_ledger_contents
+    from aiperf.record.runlock import live_holder
+    from aiperf.record.summary import build_summary, format_summary, save_summary
 
     run_dir = _run_dir(args.run_dir)
-    print(format_summary(write_summary(run_dir), run_dir))
+    contents = read_ledger_contents(run_dir)
+    summary = build_summary(run_dir, contents.records)
+    torn = contents.torn_note(run_dir / LEDGER_NAME)
+    if torn:
+        _note(torn)
+    holder = live_holder(run_dir)
+    unsaved: AiperfError | None = None
+    if holder is not None:
+        _note(f"the run is still going ({holder.describe()}); summary.json is left to its master")
+    else:
+        try:
+            save_summary(run_dir, summary)
+        except AiperfError as exc:
+            unsaved = exc
+    print(format_summary(summary, run_dir), file=_stdout())
+    if unsaved is not None:
+        raise unsaved
     return 0
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
+    """Exit 0 verified, 1 a check failed, 2 the run could not be read (raised as AiperfError)."""
     from aiperf.record.verify import verify_run
 
     ok, message = verify_run(_run_dir(args.run_dir))
-    print(message)
+    print(message, file=_stdout())
     return 0 if ok else 1
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from aiperf.record.report import write_report
 
-    print(write_report(_run_dir(args.run_dir), args.output))
+    print(write_report(_run_dir(args.run_dir), args.output), file=_stdout())
     return 0
 
 
@@ -251,16 +305,15 @@ def _cmd_scaling(args: argparse.Namespace) -> int:
         raise AiperfError(f"--nodes {args.nodes!r}: expected comma-separated integers such as 1,2,4") from None
     if not counts or min(counts) < 1:
         raise AiperfError("--nodes: give at least one positive node count")
-    print(
-        scaling_command(
-            counts,
-            simulate=args.simulate,
-            config=args.config,
-            overrides=args.overrides,
-            address=args.address,
-            output=args.output,
-        )
+    text = scaling_command(
+        counts,
+        simulate=args.simulate,
+        config=args.config,
+        overrides=args.overrides,
+        address=args.address,
+        output=args.output,
     )
+    print(text, file=_stdout())
     return 0
 
 
@@ -276,30 +329,78 @@ COMMANDS = {
 }
 
 
+def _standard_streams() -> None:
+    """Give closed standard descriptors a /dev/null, before anything opens a file.
+
+    Started as ``aiperf run >&- 2>&-`` (or by a daemon without them), the first files the
+    run opens -- the run lock, the ledger -- would get descriptors 1 and 2, and any library
+    writing to "stderr" would write into the ledger.
+    """
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+    if sys.stdout is None:
+        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 - the process's standard output
+    if sys.stderr is None:
+        sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115 - the process's standard error
+
+
+MAX_MESSAGE_CHARS = 1000
+
+
+def _error(message: str) -> None:
+    """One line on stderr, however much of the user's input a message quotes; a closed stderr
+    loses the line, never changes the exit code."""
+    line = message.replace("\r", "\\r").replace("\n", "\\n")
+    if len(line) > MAX_MESSAGE_CHARS:
+        line = line[: MAX_MESSAGE_CHARS - 3] + "..."
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        print(line, file=sys.stderr, flush=True)
+
+
+def _first_line(exc: BaseException, limit: int = 300) -> str:
+    text = str(exc).strip()
+    line = text.splitlines()[0] if text else ""
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _standard_streams()
     try:
         args = build_parser().parse_args(argv)
         _configure_logging(args.verbose)
         return COMMANDS[args.command](args)
     except AiperfError as exc:
-        print(f"aiperf: error: {exc}", file=sys.stderr)
+        _error(f"aiperf: error: {exc}")
         return exc.exit_code
     except NasError as exc:
-        print(f"aiperf: error: {exc}", file=sys.stderr)
+        _error(f"aiperf: error: {exc}")
         return 2
     except KeyboardInterrupt:
-        print("aiperf: interrupted", file=sys.stderr)
+        _error("aiperf: interrupted")
         return 130
     except SystemExit as exc:
         return int(exc.code) if isinstance(exc.code, int) else 2
+    except MemoryError:
+        _error("aiperf: error: out of memory (a dataset or config larger than this machine can hold?)")
+        return 1
+    except OSError as exc:
+        # A file operation no code path anticipated: still one line naming the file.
+        if os.environ.get("AIPERF_DEBUG"):
+            raise
+        where = f"{_shown(exc.filename)}: " if exc.filename else ""
+        name = errno.errorcode.get(exc.errno, "") if exc.errno else ""
+        _error(f"aiperf: error: {where}{exc.strerror or _first_line(exc)}{f' ({name})' if name else ''}")
+        return 1
     except Exception as exc:
         if os.environ.get("AIPERF_DEBUG"):
             raise
-        print(
-            f"aiperf: unexpected error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} "
-            "(set AIPERF_DEBUG=1 for details)",
-            file=sys.stderr,
-        )
+        _error(f"aiperf: unexpected error: {type(exc).__name__}: {_first_line(exc)} (set AIPERF_DEBUG=1 for details)")
         return 1
 
 

@@ -4,10 +4,20 @@ Validation is strict (unknown keys are errors) and every problem is reported as 
 naming the dotted key, e.g. ``config error: train.batch_size: must be >= 1 (got 0)``.
 ``--set key=value`` overrides parse ``value`` as YAML, so ``--set train.epochs=3`` and
 ``--set dataset.shape=[32,32,3]`` work as expected.
+
+Config files come from users and from wherever ``--config`` points, so reading is defensive:
+only regular files of at most ``MAX_CONFIG_BYTES`` are read (a FIFO, device or folder is
+refused without blocking), the YAML loader refuses anchors and aliases (a 600-byte
+"billion laughs" document expands to gigabytes) and nesting deeper than ``MAX_YAML_DEPTH``,
+numbers must be finite, and error messages quote values only as short excerpts. A file none
+of whose top-level keys is a config section is refused without quoting it, so
+``--config /etc/shadow`` cannot print a line of that file.
 """
 
 from __future__ import annotations
 
+import os
+import stat
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -15,30 +25,42 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
 
-from aiperf.errors import AiperfError
+from aiperf.errors import AiperfError, excerpt
 from nas.defaults import DEFAULT_HPARAMS, HPARAM_RANGES, SEARCH
 
 DEFAULT_CONFIG = "default"
 BUILTIN_CONFIGS = ("default", "smoke", "imagenet", "fashion_mnist", "synthetic")
+MAX_CONFIG_BYTES = 64 * 1024  # the largest built-in config is about 1 KB
+MAX_OVERRIDE_CHARS = 16 * 1024  # one --set value (a long dataset path fits)
+MAX_YAML_DEPTH = 16  # configs nest three levels (section, key, list)
+MAX_SEED = 2**32 - 1  # Optuna's TPE sampler seeds NumPy's RandomState, which takes 32 bits
+MAX_DURATION_S = 366 * 24 * 3600.0  # a year: longer budgets are typos, and overflow timers
+MAX_INTERVAL_S = 3600.0
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class RunConfig(_Section):
     name: str = "default"
     organization: str = Field("unspecified", description="who ran it (MLPerf-style log: submission_org)")
-    time_budget_s: float = Field(300.0, gt=0, description="search time; trials still running then are stopped")
+    time_budget_s: float = Field(
+        300.0, gt=0, le=MAX_DURATION_S, description="search time; trials still running then are stopped"
+    )
     max_trials: int | None = Field(None, ge=1, description="stop proposing after this many trials")
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, le=MAX_SEED)
     results_dir: str = "results"
-    progress_interval_s: float = Field(5.0, gt=0)
-    telemetry_interval_s: float = Field(5.0, gt=0)
-    grace_s: float = Field(0.0, ge=0, description="after the budget, wait this long for running epochs to end")
+    progress_interval_s: float = Field(5.0, gt=0, le=MAX_INTERVAL_S)
+    # A sample costs about 10 ms of CPU (NodeSampler.sample, 103 processes, the 2-core dev box).
+    telemetry_interval_s: float = Field(5.0, ge=0.1, le=MAX_INTERVAL_S)
+    grace_s: float = Field(
+        0.0, ge=0, le=MAX_DURATION_S, description="after the budget, wait this long for running epochs to end"
+    )
     stop_after_failures: int = Field(
         5,
         ge=1,
+        le=100_000,
         description="stop the run (failed) when this many trials in a row fail with the same error, on as many"
         " workers, with no epoch completing in between",
     )
@@ -55,7 +77,7 @@ class DatasetConfig(_Section):
     name: Literal["mnist", "digits", "fashion_mnist", "cifar10", "image_folder", "tfrecord", "synthetic"] = "mnist"
     path: str | None = Field(None, description="folder or file for fashion_mnist, cifar10, image_folder and tfrecord")
     validation_fraction: float = Field(0.2, gt=0, lt=1)
-    split_seed: int = Field(0, ge=0)
+    split_seed: int = Field(0, ge=0, le=MAX_SEED)
     image_size: tuple[PositiveInt, PositiveInt] | None = Field(
         None, description="resize images to (height, width) (image_folder, tfrecord)"
     )
@@ -72,18 +94,24 @@ class DatasetConfig(_Section):
         "auto", description="streamed input: decode threads per worker (auto: the worker's CPU share)"
     )
     label_offset: int = Field(
-        1, ge=0, description="tfrecord: subtracted from image/class/label (TensorFlow's ImageNet tooling: 1..1000)"
+        1,
+        ge=0,
+        le=1_000_000,
+        description="tfrecord: subtracted from image/class/label (TensorFlow's ImageNet tooling: 1..1000)",
     )
     shuffle_buffer: int = Field(
-        8192, ge=1, description="tfrecord: records in each worker's shuffle buffer (shards are read in sequence)"
+        8192,
+        ge=1,
+        le=10_000_000,
+        description="tfrecord: records in each worker's shuffle buffer (shards are read in sequence)",
     )
     synthetic: SyntheticConfig = SyntheticConfig()
 
     @field_validator("decode_threads")
     @classmethod
     def _positive_threads(cls, v: Any) -> Any:
-        if isinstance(v, int) and v < 1:
-            raise ValueError("must be >= 1 or 'auto'")
+        if isinstance(v, int) and not 1 <= v <= 1024:
+            raise ValueError("must be 'auto' or an integer from 1 to 1024")
         return v
 
 
@@ -192,9 +220,16 @@ class Config(_Section):
         return self.model_dump(mode="json")
 
 
+def _key_text(part: Any) -> str:
+    """A key as it appears in a message: itself when short and printable, else an excerpt."""
+    if isinstance(part, str) and part.isprintable() and len(part) <= 40:
+        return part
+    return excerpt(part)
+
+
 def _format_error(exc: ValidationError) -> str:
     err = exc.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-after"))
+    loc = ".".join(_key_text(p) for p in err["loc"] if not str(p).startswith("function-after"))
     msg = err["msg"]
     if err["type"] == "extra_forbidden":
         msg = "unknown key"
@@ -202,7 +237,7 @@ def _format_error(exc: ValidationError) -> str:
         msg = msg[len("Value error, ") :]
     got = err.get("input")
     if err["type"] != "extra_forbidden" and not isinstance(got, dict) and got is not None:
-        msg = f"{msg} (got {got!r})"
+        msg = f"{msg} (got {excerpt(got)})"
     return f"config error: {loc or 'top level'}: {msg}"
 
 
@@ -214,42 +249,154 @@ def _builtin_path(name: str) -> Path | None:
     return Path(str(packaged)) if packaged.is_file() else None
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+class _Refused(yaml.YAMLError):
+    """A YAML construct a config may not use (anchors, aliases, deep nesting)."""
+
+    def __init__(self, problem: str, mark: Any) -> None:
+        super().__init__(problem)
+        self.problem = problem
+        self.problem_mark = mark
+
+
+class ConfigLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` without anchors or aliases and with bounded nesting.
+
+    Aliases are how a few hundred bytes expand into gigabytes ("billion laughs"); a config
+    never needs them, so they are refused where they appear, before anything is built.
+    """
+
+    _depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            raise _Refused("anchors and aliases (&name, *name) are not allowed in a config", event.start_mark)
+        if self._depth >= MAX_YAML_DEPTH:
+            raise _Refused(f"nested more than {MAX_YAML_DEPTH} levels deep", event.start_mark)
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def parse_yaml(text: str) -> Any:
+    """Parse one YAML document with :class:`ConfigLoader`; errors are ``yaml.YAMLError``.
+
+    The constructors of timestamps and integers raise ``ValueError`` on out-of-range input
+    (``2024-13-45``, an integer of 10,000 digits); those are reported as YAML errors too.
+    """
+    loader = ConfigLoader(text)
     try:
-        text = path.read_text()
+        return loader.get_single_data()
+    except yaml.YAMLError:
+        raise
+    except (ValueError, OverflowError, RecursionError):
+        raise _Refused(
+            "a value cannot be represented (an impossible date, or an integer of more than 4,300 digits)", None
+        ) from None
+    finally:
+        loader.dispose()
+
+
+def _shown(path: str | Path) -> str:
+    """A path for a message: as given when printable, else an escaped excerpt (one line, always)."""
+    text = os.fspath(path)
+    return text if text.isprintable() and len(text) <= 4096 else excerpt(text, 200)
+
+
+def _read_text(path: Path) -> str:
+    """The file's text, read only if it is a regular file of at most ``MAX_CONFIG_BYTES``.
+
+    Opened non-blocking, so a FIFO given as a config is refused instead of hanging the command.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     except FileNotFoundError:
-        raise AiperfError(f"config error: {path}: no such file") from None
+        raise AiperfError(f"config error: {_shown(path)}: no such file") from None
     except OSError as exc:
-        raise AiperfError(f"config error: {path}: cannot read ({exc.strerror})") from None
+        raise AiperfError(f"config error: {_shown(path)}: cannot read ({exc.strerror})") from None
     try:
-        data = yaml.safe_load(text)
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise AiperfError(f"config error: {_shown(path)}: is a folder, not a config file")
+        if not stat.S_ISREG(info.st_mode):
+            raise AiperfError(f"config error: {_shown(path)}: not a regular file (a pipe, device or socket)")
+        if info.st_size > MAX_CONFIG_BYTES:
+            raise AiperfError(
+                f"config error: {_shown(path)}: too large for a config "
+                f"({info.st_size:,} bytes; at most {MAX_CONFIG_BYTES:,})"
+            )
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            data = fh.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise AiperfError(f"config error: {_shown(path)}: cannot read ({exc.strerror})") from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise AiperfError(
+            f"config error: {_shown(path)}: too large for a config (more than {MAX_CONFIG_BYTES:,} bytes)"
+        )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise AiperfError(f"config error: {_shown(path)}: not a text (UTF-8) file") from None
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    where = f"line {mark.line + 1}" if mark is not None else ""
+    if isinstance(exc, _Refused):
+        return f"{where}: {exc.problem}" if where else exc.problem
+    return f"{where} is not valid YAML" if where else "not valid YAML"
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    text = _read_text(path)
+    try:
+        data = parse_yaml(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        raise AiperfError(f"config error: {path}:{where} is not valid YAML") from None
+        raise AiperfError(f"config error: {_shown(path)}: {_yaml_problem(exc)}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise AiperfError(f"config error: {path}: the top level must be a mapping of sections")
+        raise AiperfError(f"config error: {_shown(path)}: the top level must be a mapping of sections")
+    if data and not any(isinstance(k, str) and k in Config.model_fields for k in data):
+        # Quoting an unknown key here could print a line of an unrelated file (--config /etc/shadow).
+        raise AiperfError(
+            f"config error: {_shown(path)}: not an aiperf config (no top-level key is a config section: "
+            f"{', '.join(Config.model_fields)})"
+        )
     return data
+
+
+def _parse_override_value(key: str, raw: str) -> Any:
+    if len(raw) > MAX_OVERRIDE_CHARS:
+        raise AiperfError(f"config error: --set {key}: value too long ({len(raw):,} characters)")
+    if not raw.strip():
+        return None
+    try:
+        return parse_yaml(raw)
+    except _Refused as exc:
+        raise AiperfError(f"config error: --set {key}: {exc.problem}") from None
+    except yaml.YAMLError:
+        return raw  # not YAML (``--set run.name=a: b``): the text itself
 
 
 def _apply_override(data: dict[str, Any], item: str) -> None:
     if "=" not in item:
-        raise AiperfError(f"config error: --set {item!r}: expected key=value")
+        raise AiperfError(f"config error: --set {excerpt(item)}: expected key=value")
     key, raw = item.split("=", 1)
     parts = key.strip().split(".")
+    shown = _key_text(key.strip())
     if not all(parts):
-        raise AiperfError(f"config error: --set {item!r}: empty key")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError:
-        value = raw
+        raise AiperfError(f"config error: --set {excerpt(item)}: empty key")
+    value = _parse_override_value(shown, raw)
     node = data
     for p in parts[:-1]:
         child = node.setdefault(p, {})
         if not isinstance(child, dict):
-            raise AiperfError(f"config error: {key}: {p} is not a section")
+            raise AiperfError(f"config error: {shown}: {_key_text(p)} is not a section")
         node = child
     node[parts[-1]] = value
 
@@ -259,11 +406,16 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     if path is None:
         path = DEFAULT_CONFIG
     candidate = Path(path)
-    if not candidate.suffix and not candidate.exists():
+    try:
+        exists = candidate.exists()
+    except OSError as exc:  # a name too long, a loop in the path
+        raise AiperfError(f"config error: {_shown(path)}: cannot read ({exc.strerror})") from None
+    if not candidate.suffix and not exists:
         builtin = _builtin_path(str(path))
         if builtin is None:
             raise AiperfError(
-                f"config error: {path}: no such file or built-in config (built-in: {', '.join(BUILTIN_CONFIGS)})"
+                f"config error: {excerpt(str(path), 80)}: no such file or built-in config "
+                f"(built-in: {', '.join(BUILTIN_CONFIGS)})"
             )
         candidate = builtin
     data = _read_yaml(candidate)

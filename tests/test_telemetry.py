@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import types
 
@@ -44,6 +45,15 @@ def _fake_pynvml(power_mw=(250_000, None), init_fails=False):
     mod.nvmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(gpu=[97, 12][h], memory=40)
     mod.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(used=[60, 2][h] * 2**30, total=80 * 2**30)
     mod.nvmlDeviceGetPowerUsage = power
+    mod.process_samples = {0: [(os.getpid(), 30), (os.getppid(), 20)]}  # device 1: not supported
+
+    def process_utilization(handle, last_seen):
+        if handle not in mod.process_samples:
+            raise _NVMLError("Not Supported")
+        return [types.SimpleNamespace(pid=pid, smUtil=util, memUtil=0, timeStamp=last_seen + 1)
+                for pid, util in mod.process_samples[handle]]  # fmt: skip
+
+    mod.nvmlDeviceGetProcessUtilization = process_utilization
     return mod
 
 
@@ -54,8 +64,10 @@ def test_nvml_devices_are_sampled_with_utilisation_memory_and_power(monkeypatch)
     sample = sampler.sample()
     first, second = sample["accelerators"]
     assert first == {"index": 0, "name": "NVIDIA H100 80GB HBM3", "util_percent": 97.0,
-                     "mem_used_bytes": 60 * 2**30, "mem_total_bytes": 80 * 2**30, "power_w": 250.0}  # fmt: skip
+                     "mem_used_bytes": 60 * 2**30, "mem_total_bytes": 80 * 2**30, "power_w": 250.0,
+                     "outside_util_percent": 50.0}  # fmt: skip
     assert second["util_percent"] == 12.0 and second["power_w"] is None  # power not supported: unknown, not 0
+    assert second["outside_util_percent"] is None  # no per-process figures: unknown, not 0
     assert 0.0 <= sample["cpu_percent"] <= 100.0
     assert 0 < sample["host_mem_used_bytes"] <= sample["host_mem_total_bytes"]
     json.dumps(sample)  # a sample crosses the Ray boundary and lands in a JSON line

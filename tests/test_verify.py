@@ -8,6 +8,7 @@ import shutil
 import pytest
 
 from aiperf.cli import main
+from aiperf.errors import AiperfError
 from aiperf.record.ledger import canonical, read_ledger, record_hash
 from aiperf.record.verify import verify_run
 
@@ -139,12 +140,15 @@ def test_a_missing_summary_fails(run_copy):
     assert not ok and "summary.json is missing" in message
 
 
-def test_a_garbled_line_in_the_middle_fails_without_a_traceback(run_copy):
+def test_a_garbled_line_in_the_middle_is_unreadable_input_exit_2(run_copy, capsys):
     lines = (run_copy / "ledger.jsonl").read_bytes().split(b"\n")
     lines[3] = b"{not json"
     (run_copy / "ledger.jsonl").write_bytes(b"\n".join(lines))
-    ok, message = verify_run(run_copy)
-    assert not ok and "line 4 is not valid JSON" in message
+    with pytest.raises(AiperfError, match="line 4 is not valid JSON"):
+        verify_run(run_copy)
+    assert main(["verify", str(run_copy)]) == 2
+    err = capsys.readouterr().err
+    assert "line 4 is not valid JSON" in err and len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.slow

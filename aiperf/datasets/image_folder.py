@@ -50,13 +50,23 @@ def _visible_entries(folder: Path) -> list[os.DirEntry]:
         raise AiperfError(f"image_folder: {folder}: cannot list folder ({exc.strerror or exc})") from None
 
 
+def _is(entry: os.DirEntry, kind: str) -> bool:
+    """``entry.is_dir()``/``is_file()``, with a symlink loop or an unreadable link as one line naming it."""
+    try:
+        return entry.is_dir() if kind == "dir" else entry.is_file()
+    except OSError as exc:
+        raise AiperfError(
+            f"image_folder: {entry.path}: cannot follow ({exc.strerror or exc}); remove or fix that link"
+        ) from None
+
+
 def _class_folders(root: Path) -> dict[str, list[str]]:
     """Class name -> sorted image paths, for every class sub-folder of ``root``."""
     classes = {}
     for entry in _visible_entries(root):
-        if not entry.is_dir():
+        if not _is(entry, "dir"):
             continue
-        images = [e.path for e in _visible_entries(Path(entry.path)) if e.is_file() and is_image_file(e.name)]
+        images = [e.path for e in _visible_entries(Path(entry.path)) if _is(e, "file") and is_image_file(e.name)]
         if not images:
             raise AiperfError(f"image_folder: {entry.path}: class folder has no image files (.png, .jpg, ...)")
         classes[entry.name] = images
@@ -258,7 +268,10 @@ def load_image_folder(cfg: DatasetConfig, memory_limit_bytes: int = IN_MEMORY_LI
     if cfg.image_size is not None and min(cfg.image_size) < 1:
         raise AiperfError(f"dataset.image_size: height and width must be >= 1 (got {list(cfg.image_size)})")
     # Absolute paths: streamed file lists are read by workers whose working folder may differ.
-    root = Path(cfg.path).expanduser().resolve()
+    try:
+        root = Path(cfg.path).expanduser().resolve()
+    except (OSError, RuntimeError) as exc:  # RuntimeError: Python 3.11's "Symlink loop from ..."
+        raise AiperfError(f"image_folder: {cfg.path}: cannot resolve the path ({exc}); fix the link") from None
     names, train, val = scan_folder(root)
     count = len(train) + len(val or [])
     size = None if cfg.image_size is not None or cfg.storage == "stream" else _first_size(root, train)

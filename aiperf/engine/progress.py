@@ -2,6 +2,9 @@
 
 Kept incrementally (running sums), so printing it costs nothing however long the run is.
 On a terminal the line redraws in place; otherwise one line is printed per interval.
+
+It prints through an :class:`~aiperf.engine.output.Output`, so a closed, broken or stalled
+stdout can neither stop nor slow the run.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
+from aiperf.engine.output import Output, output
 from aiperf.metrics.score import format_ops
 
 
@@ -22,11 +26,11 @@ def format_elapsed(seconds: float) -> str:
 class Progress:
     """Accumulates what the master reports and prints a status line every ``interval_s``."""
 
-    def __init__(self, interval_s: float, budget_s: float, stream: TextIO | None = None) -> None:
+    def __init__(self, interval_s: float, budget_s: float, stream: TextIO | Output | None = None) -> None:
         self.interval_s = interval_s
         self.budget_s = budget_s
-        self.stream = stream or sys.stdout
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.stream = output(stream if stream is not None else sys.stdout)
+        self.tty = self.stream.isatty()
         self.ops = 0.0
         self.last_epoch_t = 0.0
         self.best: float | None = None
@@ -72,9 +76,7 @@ class Progress:
             self.stream.write("\r\033[K" + text)
         else:
             self.stream.write(("\n" if self.tty else "") + text + "\n")
-        self.stream.flush()
 
     def close(self) -> None:
         if self.tty:
             self.stream.write("\n")
-            self.stream.flush()

@@ -8,11 +8,13 @@ directory, and the clock continues from the ledger's last ``t`` plus the downtim
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import secrets
 import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
@@ -20,9 +22,11 @@ from typing import Any, TextIO
 
 from aiperf.config import Config, config_from_dict
 from aiperf.datasets import Dataset, load_dataset
+from aiperf.engine.output import Output, output
 from aiperf.engine.weights import WeightStore
-from aiperf.errors import AiperfError
-from aiperf.record.ledger import LedgerWriter, read_ledger
+from aiperf.errors import AiperfError, excerpt, os_error
+from aiperf.record.files import remove_temporaries
+from aiperf.record.ledger import LEDGER_NAME, LedgerWriter, read_ledger
 from nas.errors import NasError
 from nas.graph import Graph
 from nas.morph import Morph
@@ -176,47 +180,138 @@ def _system(nodes: list[Any]) -> dict[str, Any]:
     return {"head": platform.node(), "platform": platform.platform(), "nodes": [n.to_dict() for n in nodes]}
 
 
+def prepare_results_dir(results_dir: str | Path) -> Path:
+    """Create ``run.results_dir`` if needed and check it can take a run, before anything slow starts."""
+    path = Path(results_dir)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise os_error(exc, path, "create run.results_dir", then="set another with --set run.results_dir=DIR") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise AiperfError(f"run.results_dir {path}: not writable; set another with --set run.results_dir=DIR")
+    return path
+
+
+def create_run_dir(results_dir: Path, name: str, attempts: int = 50) -> tuple[str, Path]:
+    """A new, empty run directory: never one that exists (a run-id collision draws another id)."""
+    for _ in range(attempts):
+        run_id = new_run_id(name)
+        run_dir = results_dir / run_id
+        try:
+            run_dir.mkdir()
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise os_error(exc, run_dir, "create the run directory") from None
+        return run_id, run_dir
+    raise AiperfError(f"{results_dir}: no free run id after {attempts} tries")
+
+
+def read_resumable(run_dir: Path) -> list[dict[str, Any]]:
+    """The ledger of a run that can be continued, checked record by record (the caller holds the run lock).
+
+    A torn tail is cut off; a malformed record, a run that already completed or a header
+    whose config no longer validates is refused, before anything is appended.
+    """
+    from aiperf.record.schema import check_shapes
+
+    records = read_ledger(run_dir, repair=True)
+    if not records or records[0].get("type") != "run_start":
+        raise AiperfError(f"{run_dir}: not a run directory (its ledger has no run_start record)")
+    check_shapes(records, run_dir / LEDGER_NAME)
+    stops = [r for r in records if r["type"] in ("run_stop", "resume")]
+    if stops and stops[-1]["type"] == "run_stop" and stops[-1]["status"] == "completed":
+        raise AiperfError(
+            f"{run_dir}: this run already completed ({excerpt(stops[-1].get('reason'), 80)}); nothing to resume"
+        )
+    if not isinstance(records[0].get("config"), dict):
+        raise AiperfError(f"{run_dir}: its run_start record has no config to continue with")
+    config_from_dict(records[0]["config"])
+    return records
+
+
+def _warner(stream: Output) -> Callable[[str], None]:
+    def warn(message: str) -> None:
+        print(f"aiperf: warning: {message}", file=stream)
+
+    return warn
+
+
 def run_benchmark(
-    cfg: Config | None, *, address: str | None = None, out: TextIO | None = None, resume_dir: str | Path | None = None
+    cfg: Config | None,
+    *,
+    address: str | None = None,
+    out: TextIO | Output | None = None,
+    resume_dir: str | Path | None = None,
+    err: TextIO | Output | None = None,
 ) -> tuple[Path, dict[str, Any]]:
-    """Run (or resume) the benchmark; returns the run directory and its summary."""
+    """Run (or resume) the benchmark; returns the run directory and its summary.
+
+    The run directory is locked for the master's lifetime (:mod:`aiperf.record.runlock`);
+    nothing it prints can stop or stall it (:class:`~aiperf.engine.output.Output`).
+    """
+    from aiperf.record.runlock import RunLock, takeover_note
+
+    out = output(out if out is not None else sys.stdout, background=True)
+    errors = output(err if err is not None else sys.stderr, background=True)
+    warn = _warner(errors)
+    locks: list[RunLock] = []
+    try:
+        if resume_dir is None:
+            if cfg is None:
+                raise AiperfError("run_benchmark needs a config or a run directory to resume")
+            prepare_results_dir(cfg.run.results_dir)
+            return _run(cfg, address, out, warn, None, [], locks)
+        run_dir = Path(resume_dir)
+        if not (run_dir / LEDGER_NAME).is_file():
+            raise AiperfError(f"--resume {run_dir}: not a run directory (no {LEDGER_NAME})")
+        locks.append(RunLock(run_dir).acquire("aiperf run --resume"))  # before the ledger is read for appending
+        note = takeover_note(locks[0].previous)
+        if note:
+            print(f"aiperf: {note}", file=out)
+        previous = read_resumable(run_dir)
+        for folder in (run_dir, run_dir / WEIGHTS_DIR):
+            remove_temporaries(folder)
+        return _run(config_from_dict(previous[0]["config"]), address, out, warn, run_dir, previous, locks)
+    finally:
+        for lock in locks:
+            lock.release()
+        # Give the last lines a moment to reach a slow reader; a reader that stopped reading
+        # does not hold the process (the run is complete by now).
+        out.drain()
+        errors.drain(2.0)
+
+
+def _run(
+    cfg: Config,
+    address: str | None,
+    out: Output,
+    warn: Callable[[str], None],
+    run_dir: Path | None,
+    previous: list[dict[str, Any]],
+    locks: list[Any],
+) -> tuple[Path, dict[str, Any]]:
+    """The run itself; a new run's directory is created and locked here (its lock appended to ``locks``)."""
     from aiperf.cluster.plan import format_plan
     from aiperf.cluster.pool import RayWorkerPool
     from aiperf.cluster.ray_session import start_ray
     from aiperf.cluster.resources import cluster_nodes
     from aiperf.engine.master import Master, MasterSettings
     from aiperf.engine.progress import Progress
-    from aiperf.record.summary import format_summary, write_summary
+    from aiperf.record.runlock import RunLock
+    from aiperf.record.summary import build_summary, format_summary, save_summary
     from aiperf.record.telemetry import TelemetryRecorder
     from aiperf.training.backend import check_backend_installed
 
-    out = out or sys.stdout
-    previous: list[dict[str, Any]] = []
-    if resume_dir is not None:
-        run_dir = Path(resume_dir)
-        previous = read_ledger(run_dir, repair=True)
-        if not previous or previous[0]["type"] != "run_start":
-            raise AiperfError(f"{run_dir}: not a run directory (its ledger has no run_start record)")
-        stops = [r for r in previous if r["type"] in ("run_stop", "resume")]
-        if stops and stops[-1]["type"] == "run_stop" and stops[-1]["status"] == "completed":
-            raise AiperfError(f"{run_dir}: this run already completed ({stops[-1].get('reason')}); nothing to resume")
-        cfg = config_from_dict(previous[0]["config"])
-        run_id = previous[0]["run_id"]
-    else:
-        if cfg is None:
-            raise AiperfError("run_benchmark needs a config or a run directory to resume")
-        run_id = new_run_id(cfg.run.name)
-        run_dir = Path(cfg.run.results_dir) / run_id
     check_backend_installed(cfg.model.backend)
     dataset = load_dataset(cfg.dataset)
-    if previous and dataset.fingerprint() != previous[0]["dataset"]["fingerprint"]:
+    if previous and dataset.fingerprint() != (previous[0].get("dataset") or {}).get("fingerprint"):
         raise AiperfError(f"{run_dir}: the dataset on this machine differs from the one the run started with")
     seed_graph = seed_architecture(cfg, dataset)
     print(
         f"aiperf: dataset {dataset.name}: {dataset.train_size} train / {dataset.val_size} validation images "
         f"{tuple(dataset.input_shape)}, {dataset.num_classes} classes ({dataset.source})",
         file=out,
-        flush=True,
     )
     session = start_ray(address or cfg.cluster.address)
     try:
@@ -228,7 +323,7 @@ def run_benchmark(
         plan = make_plan(nodes, cfg)
         if not plan.slots:
             raise AiperfError("the cluster has no room for a single trial (no CPUs or GPUs Ray can schedule)")
-        print(format_plan(plan), file=out, flush=True)
+        print(format_plan(plan), file=out)
         if dataset.streaming:
             from aiperf.cluster.dataset_check import check_nodes_see_dataset
 
@@ -237,7 +332,14 @@ def run_benchmark(
                 [n for n in nodes if n.node_id in training], cfg.dataset.name, dataset.source, dataset.meta["census"]
             )
         proposer = make_search(cfg, seed_graph, plan.batch_size)
+        if previous:
+            run_id = previous[0]["run_id"]
+            assert run_dir is not None
+        else:
+            run_id, run_dir = create_run_dir(Path(cfg.run.results_dir), cfg.run.name)
+            locks.append(RunLock(run_dir).acquire("aiperf run"))
         weights = WeightStore(cfg.cluster.keep_weights, run_dir / WEIGHTS_DIR)
+        weights.on_warning = warn
         offset = 0.0
         first_trial = 0
         unfinished: list[str] = []
@@ -246,6 +348,7 @@ def run_benchmark(
             offset = previous[-1]["t"] + gap
             first_trial, unfinished = _restore(previous, proposer, weights)
         ledger = LedgerWriter(run_dir, clock_offset=offset)
+        ledger.on_warning = warn
         if previous:
             ledger.append(
                 "resume",
@@ -278,9 +381,8 @@ def run_benchmark(
             )
         _attach_observers(run_dir, ledger, cfg)
         print(
-            f"aiperf: run {run_id}: searching for {cfg.run.time_budget_s:g} s; ledger {run_dir / 'ledger.jsonl'}",
+            f"aiperf: run {run_id}: searching for {cfg.run.time_budget_s:g} s; ledger {run_dir / LEDGER_NAME}",
             file=out,
-            flush=True,
         )
         pool = RayWorkerPool(cfg, dataset, nodes)
         progress = Progress(cfg.run.progress_interval_s, cfg.run.time_budget_s, out)
@@ -288,13 +390,16 @@ def run_benchmark(
         master = Master(settings, proposer, pool, ledger, weights, progress, first_trial=first_trial)
         master.bad_images.update(f for r in previous if r["type"] == "bad_images" for f in r.get("files", []))
         telemetry = TelemetryRecorder(run_dir, cfg.run.telemetry_interval_s)
+        telemetry.on_warning = warn
         with _Signals() as signals:
             signals.master = master
             telemetry.start(nodes)
             try:
                 outcome = master.run()
             except BaseException as exc:
-                ledger.append("run_stop", status="failed", reason=f"{type(exc).__name__}: {exc}"[:500])
+                if ledger.broken is None:
+                    with contextlib.suppress(AiperfError):
+                        ledger.append("run_stop", status="failed", reason=f"{type(exc).__name__}: {exc}"[:500])
                 raise
             finally:
                 telemetry.stop()
@@ -303,14 +408,38 @@ def run_benchmark(
         ledger.close()
     finally:
         session.shutdown()
-    summary = write_summary(run_dir)
+    if out.failure is not None:
+        warn(f"progress output stopped ({_reason(out.failure)}); the run went on and its results are complete")
+    elif out.dropped:
+        warn(f"{out.dropped} progress line(s) dropped: standard output was not being read")
+    summary = build_summary(run_dir)
+    unsaved: AiperfError | None = None
+    try:
+        save_summary(run_dir, summary)
+    except AiperfError as exc:
+        unsaved = exc
     _after_run(run_dir, out)
-    print(format_summary(summary, run_dir), file=out, flush=True)
+    print(format_summary(summary, run_dir), file=out)
+    if unsaved is not None:
+        raise AiperfError(
+            f"{unsaved}; the run {summary['status']} and its ledger is complete: "
+            f"`aiperf summary {run_dir}` writes the summary once that is fixed",
+            exit_code=1,
+        )
     return run_dir, summary
 
 
+def _reason(exc: BaseException) -> str:
+    return exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+
+
 def _restore(records: list[dict[str, Any]], proposer: Any, weights: WeightStore) -> tuple[int, list[str]]:
-    """Replay a ledger into a fresh proposer; returns the next trial number and the unfinished trials."""
+    """Replay a ledger into a fresh proposer; returns the next trial number and the unfinished trials.
+
+    The records have passed :func:`~aiperf.record.schema.check_shapes`; what can still be
+    wrong (an architecture that does not parse, a trial restored twice) is reported as one
+    line naming the record.
+    """
     starts: dict[str, dict[str, Any]] = {}
     best: dict[str, float] = {}
     final: dict[str, str] = {}
@@ -323,11 +452,18 @@ def _restore(records: list[dict[str, Any]], proposer: Any, weights: WeightStore)
             final[r["trial"]] = r["status"]
     for trial, rec in starts.items():
         done = final.get(trial) == "completed"
-        proposer.restore(trial, _proposal_from_record(rec), best.get(trial), done)
-        if trial in final and not done:  # failed, lost or stopped: no longer pending
-            proposer.forget(trial)
+        try:
+            proposer.restore(trial, _proposal_from_record(rec), best.get(trial), done)
+            if trial in final and not done:  # failed, lost or stopped: no longer pending
+                proposer.forget(trial)
+        except (NasError, AiperfError, KeyError, TypeError, ValueError) as exc:
+            detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            raise AiperfError(
+                f"cannot resume: the ledger's seq {rec['seq']} (trial_start {excerpt(trial)}) "
+                f"cannot be replayed: {detail}"
+            ) from None
     weights.reload({t: best.get(t, 0.0) for t, s in final.items() if s == "completed"})
-    numbers = [int(t[1:]) for t in starts if t[1:].isdigit()]
+    numbers = [int(t[1:]) for t in starts if t[1:].isdigit() and len(t) < 12]
     unfinished = [t for t in starts if t not in final]
     return max(numbers, default=-1) + 1, unfinished
 
@@ -339,7 +475,7 @@ def _attach_observers(run_dir: Path, ledger: LedgerWriter, cfg: Config) -> None:
     attach_mllog(run_dir, ledger, cfg)
 
 
-def _after_run(run_dir: Path, out: TextIO) -> None:
+def _after_run(run_dir: Path, out: Output) -> None:
     """Write the HTML report next to the summary; a report that cannot be drawn never fails the run."""
     from aiperf.record.report import write_report
 

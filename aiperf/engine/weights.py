@@ -4,28 +4,31 @@ Only the best ``capacity`` trials are kept (children are proposed from good pare
 each kept set is also written to the run directory so ``--resume`` can still hand them to
 children after a master restart. Weights reach workers through the pool (Ray's object
 store), never through a shared filesystem.
+
+The files are a convenience for ``--resume``, not results: when one cannot be written (a
+full disk) the set stays in memory, no partial file is left, the run goes on, and the
+problem is reported once per cause through ``on_warning``.
 """
 
 from __future__ import annotations
 
-import os
+import contextlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from aiperf.errors import os_error
+from aiperf.record.files import write_atomic
+
 Weights = dict[int, list[np.ndarray]]
 
 
 def save_weights(weights: Weights, path: Path) -> None:
-    """Write atomically (temp file + rename) so a crash never leaves a half-written file."""
+    """Write atomically (unique temp file + rename) so a crash or a full disk never leaves a partial file."""
     arrays = {f"{node}:{k}": a for node, arrs in weights.items() for k, a in enumerate(arrs)}
-    tmp = path.with_suffix(".tmp.npz")
-    with open(tmp, "wb") as fh:
-        np.savez(fh, **arrays)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    write_atomic(path, lambda fh: np.savez(fh, **arrays))
 
 
 def load_weights(path: Path) -> Weights:
@@ -45,7 +48,12 @@ class WeightStore:
         self.capacity = capacity
         self.directory = Path(directory) if directory else None
         if self.directory:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise os_error(exc, self.directory, "create the weights folder") from None
+        self.on_warning: Callable[[str], None] = lambda message: None
+        self._warned: set[Any] = set()
         self._weights: dict[str, Weights] = {}
         self._score: dict[str, float] = {}
         self._refs: dict[str, Any] = {}
@@ -66,7 +74,14 @@ class WeightStore:
         self._weights[trial] = weights
         self._score[trial] = score
         if self.directory:
-            save_weights(weights, self.directory / f"{trial}.npz")
+            path = self.directory / f"{trial}.npz"
+            try:
+                save_weights(weights, path)
+            except OSError as exc:
+                if exc.errno not in self._warned:
+                    self._warned.add(exc.errno)
+                    note = "kept in memory; a --resume retrains children without them"
+                    self.on_warning(str(os_error(exc, path, "save weights to", then=note)))
         return True
 
     def _evict(self, trial: str) -> None:
@@ -74,7 +89,8 @@ class WeightStore:
         self._score.pop(trial, None)
         self._refs.pop(trial, None)
         if self.directory:
-            (self.directory / f"{trial}.npz").unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                (self.directory / f"{trial}.npz").unlink(missing_ok=True)
 
     def get(self, trial: str) -> Weights | None:
         return self._weights.get(trial)

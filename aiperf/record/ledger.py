@@ -10,23 +10,39 @@ only an operating-system or machine crash can lose records, and only those of th
 not yet synced; the master syncs before it acts on what it recorded.
 Each record carries the SHA-256 of the previous one, so an edited, removed or reordered
 record breaks the chain where it happened.
+
+A write that fails (a full disk, a quota, an I/O error) never leaves half a record behind:
+the file is cut back to its last complete record, the writer refuses further appends, and
+the error names the file and says how to continue (``aiperf run --resume``). Readers are
+just as careful with what they are given: ``NaN``/``Infinity`` tokens, records nested more
+than ``MAX_RECORD_DEPTH`` levels deep and anything that is not a JSON object per line are
+reported as unreadable input (:class:`~aiperf.errors.AiperfError`), never as a crash.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import math
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aiperf.errors import AiperfError
+from aiperf.errors import AiperfError, os_error
+from aiperf.record.files import read_regular
 
 LEDGER_NAME = "ledger.jsonl"
+MAX_RECORD_DEPTH = 32  # real records nest at most 6 levels (a trial's graph); JSON libraries recurse
+
+
+class LedgerWriteError(AiperfError):
+    """The ledger could not be written; what was recorded before is intact and resumable."""
 
 
 def canonical(record: dict[str, Any]) -> bytes:
@@ -57,19 +73,26 @@ class LedgerWriter:
 
     def __init__(self, run_dir: str | Path, clock_offset: float = 0.0) -> None:
         self.path = Path(run_dir) / LEDGER_NAME
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._seq = 0
         self._prev = ""
-        if self.path.exists():
-            records = read_ledger(self.path, repair=True)
-            if records:
-                self._seq = records[-1]["seq"] + 1
-                self._prev = records[-1]["hash"]
-        self._fh = open(self.path, "ab")  # noqa: SIM115 - held open for the run's lifetime
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if self.path.exists():
+                records = read_ledger(self.path, repair=True)
+                if records:
+                    self._seq = records[-1]["seq"] + 1
+                    self._prev = records[-1]["hash"]
+            # Unbuffered: each record goes to the OS in whole-line writes we can account for.
+            self._fh = open(self.path, "ab", buffering=0)  # noqa: SIM115 - held open for the run's lifetime
+            self._size = os.fstat(self._fh.fileno()).st_size  # end of the last complete record
+        except OSError as exc:
+            raise os_error(exc, self.path, "open the ledger") from None
         self._t0 = time.monotonic() - clock_offset
         self._subscribers: list[Callable[[dict[str, Any]], None]] = []
         self._batch_depth = 0
         self._unsynced: list[dict[str, Any]] = []  # written and flushed, not yet fsync'ed
+        self.broken: LedgerWriteError | None = None
+        self.on_warning: Callable[[str], None] = lambda message: None
 
     def subscribe(self, callback: Callable[[dict[str, Any]], None]) -> None:
         """Call ``callback(record)`` after each record is durably written (e.g. the MLPerf-style log)."""
@@ -94,17 +117,44 @@ class LedgerWriter:
         """Make every record written so far durable, then hand the newly durable ones to the subscribers."""
         if not self._unsynced:
             return
-        os.fsync(self._fh.fileno())
+        try:
+            os.fsync(self._fh.fileno())
+        except OSError as exc:
+            raise self._fail(exc, "sync the ledger") from None
         durable, self._unsynced = self._unsynced, []
         for record in durable:
-            for callback in self._subscribers:
-                callback(record)
+            for callback in list(self._subscribers):
+                self._notify(callback, record)
+
+    def _notify(self, callback: Callable[[dict[str, Any]], None], record: dict[str, Any]) -> None:
+        """A subscriber writes a view derived from the ledger: if it cannot write, it stops, not the run."""
+        try:
+            callback(record)
+        except (OSError, AiperfError) as exc:
+            self._subscribers.remove(callback)
+            what = getattr(callback, "path", None) or getattr(callback, "__name__", "an observer")
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            self.on_warning(f"{what} is no longer written ({reason}); it can be rebuilt from the ledger")
+
+    def _fail(self, exc: OSError, doing: str) -> LedgerWriteError:
+        run_dir = self.path.parent
+        error = os_error(
+            exc,
+            self.path,
+            doing,
+            then=f"every record written before is kept: continue the run with `aiperf run --resume {run_dir}`",
+            exit_code=1,
+        )
+        self.broken = LedgerWriteError(str(error), exit_code=1)
+        return self.broken
 
     def elapsed(self) -> float:
         """Seconds since run start on this master's clock (including any resume offset)."""
         return time.monotonic() - self._t0
 
     def append(self, rtype: str, **fields: Any) -> dict[str, Any]:
+        if self.broken is not None:
+            raise self.broken
         record = {
             "seq": self._seq,
             "type": rtype,
@@ -115,8 +165,7 @@ class LedgerWriter:
         }
         record["hash"] = record_hash(record)
         line = canonical(record) + b"\n"
-        self._fh.write(line)
-        self._fh.flush()
+        self._write_line(line)
         self._seq += 1
         self._prev = record["hash"]
         self._unsynced.append(record)
@@ -124,10 +173,28 @@ class LedgerWriter:
             self.sync()
         return record
 
+    def _write_line(self, line: bytes) -> None:
+        """Write one whole line, or nothing: a partial write is cut off again before the error is raised."""
+        view = memoryview(line)
+        try:
+            while view:
+                written = self._fh.write(view)
+                if not written:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # a 0-byte write: the device is full
+                view = view[written:]
+        except OSError as exc:
+            with contextlib.suppress(OSError):  # shrinking a file needs no free space
+                os.ftruncate(self._fh.fileno(), self._size)
+            raise self._fail(exc, "write to the ledger") from None
+        self._size += len(line)
+
     def close(self) -> None:
         if not self._fh.closed:
-            self.sync()
-            self._fh.close()
+            try:
+                if self.broken is None:
+                    self.sync()
+            finally:
+                self._fh.close()
 
     def __enter__(self) -> LedgerWriter:
         return self
@@ -136,45 +203,115 @@ class LedgerWriter:
         self.close()
 
 
-def iter_ledger(path: str | Path) -> Iterator[dict[str, Any]]:
-    """Records in file order; a torn (unterminated or unparsable) final line is skipped."""
+@dataclass
+class LedgerContents:
+    """The complete records of a ledger file, and what a crash left after them."""
+
+    records: list[dict[str, Any]]
+    end: int  # byte offset just after the last complete record
+    size: int  # the file's size
+    torn_bytes: int  # bytes after the last record that are not one (a write cut short), 0 if none
+
+    def torn_note(self, path: str | Path) -> str | None:
+        """One line saying what a reader dropped, or None when the file ends cleanly."""
+        if not self.torn_bytes:
+            return None
+        after = f"after seq {self.records[-1].get('seq')}" if self.records else "before any record"
+        return (
+            f"{path}: ignored a torn final record ({self.torn_bytes} byte(s) {after}, cut short by a crash); "
+            "it is not counted"
+        )
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not allowed in a ledger")
+
+
+_ESCAPE = re.compile(rb"\\.", re.DOTALL)  # a backslash escape inside a JSON string
+_NOT_STRUCTURE = bytes(set(range(256)) - set(b'[]{}"'))
+_STRING = re.compile(rb'"[^"]*"')
+_INNERMOST = re.compile(rb"\[\]|\{\}")
+
+
+def _too_deep(line: bytes, limit: int = MAX_RECORD_DEPTH) -> bool:
+    """Whether a line of valid JSON nests containers more than ``limit`` levels deep.
+
+    Works on the text without recursion: escapes, then everything but brackets and quotes,
+    then strings are dropped, and the innermost bracket pairs are peeled off once per level
+    (a few microseconds for a 3 KB trial record, a tenth of walking the parsed object).
+    """
+    if line.count(b"[") + line.count(b"{") <= limit:
+        return False
+    brackets = _STRING.sub(b"", _ESCAPE.sub(b"", line).translate(None, _NOT_STRUCTURE))
+    for _ in range(limit):
+        if not brackets:
+            return False
+        brackets = _INNERMOST.sub(b"", brackets)
+    return bool(brackets)
+
+
+def _ledger_path(path: str | Path) -> Path:
     path = Path(path)
-    if path.is_dir():
-        path = path / LEDGER_NAME
     try:
-        data = path.read_bytes()
+        return path / LEDGER_NAME if path.is_dir() else path
+    except OSError:  # a name too long, a loop: reported when it is read
+        return path
+
+
+def read_ledger_contents(path: str | Path) -> LedgerContents:
+    """Parse a ledger file; a torn final line is left out and measured, anything else malformed is an error."""
+    path = _ledger_path(path)
+    try:
+        data = read_regular(path)
     except FileNotFoundError:
         raise AiperfError(f"{path}: no ledger here (is this a run directory?)") from None
     except OSError as exc:
-        raise AiperfError(f"{path}: cannot read ({exc.strerror})") from None
+        raise os_error(exc, path, "read the ledger") from None
+    records: list[dict[str, Any]] = []
+    end = 0
+    offset = 0
     lines = data.split(b"\n")
     for k, line in enumerate(lines):
+        start, offset = offset, offset + len(line) + 1
         if not line.strip():
             continue
         last = k == len(lines) - 1  # no newline after it: possibly torn by a crash
         try:
-            record = json.loads(line)
-        except ValueError:
+            record = json.loads(line, parse_constant=_reject_constant)
+        except RecursionError:
+            raise AiperfError(f"{path}: line {k + 1} is nested too deeply to be a ledger record") from None
+        except ValueError:  # not JSON, not UTF-8, NaN/Infinity, an integer of more than 4,300 digits
             if last or all(not rest.strip() for rest in lines[k + 1 :]):
-                return
+                return LedgerContents(records, end, len(data), len(data) - start)
             raise AiperfError(f"{path}: line {k + 1} is not valid JSON") from None
         if last and not data.endswith(b"\n"):
-            return
+            return LedgerContents(records, end, len(data), len(data) - start)
         if not isinstance(record, dict):
             raise AiperfError(f"{path}: line {k + 1} is not a JSON object")
-        yield record
+        if _too_deep(line):
+            raise AiperfError(f"{path}: line {k + 1} nests more than {MAX_RECORD_DEPTH} levels deep")
+        records.append(record)
+        end = offset
+    return LedgerContents(records, end, len(data), 0)
+
+
+def iter_ledger(path: str | Path) -> Iterator[dict[str, Any]]:
+    """Records in file order; a torn (unterminated or unparsable) final line is skipped."""
+    yield from read_ledger_contents(path).records
 
 
 def read_ledger(path: str | Path, repair: bool = False) -> list[dict[str, Any]]:
-    """All complete records. With ``repair`` a torn tail is cut off so appends continue cleanly."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / LEDGER_NAME
-    records = list(iter_ledger(path))
-    if repair and path.exists():
-        data = path.read_bytes()
-        good = sum(len(canonical(r)) + 1 for r in records)
-        if good < len(data) and data[:good].count(b"\n") == len(records):
+    """All complete records. With ``repair`` a torn tail is cut off so appends continue cleanly.
+
+    Only the run's master may repair (it holds the run lock): a tail being written by a live
+    master looks torn to anyone else.
+    """
+    path = _ledger_path(path)
+    contents = read_ledger_contents(path)
+    if repair and contents.torn_bytes:
+        try:
             with open(path, "r+b") as fh:
-                fh.truncate(good)
-    return records
+                fh.truncate(contents.end)
+        except OSError as exc:
+            raise os_error(exc, path, "repair the torn end of the ledger") from None
+    return contents.records

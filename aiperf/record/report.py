@@ -11,14 +11,14 @@ from __future__ import annotations
 import base64
 import html
 import json
-import os
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from aiperf.errors import AiperfError
+from aiperf.errors import AiperfError, os_error
 from aiperf.metrics.score import format_ops, score_timeline
 from aiperf.record import plots
+from aiperf.record.files import write_atomic
 from aiperf.record.results import RunResults, load
 from aiperf.record.summary import build_summary, format_telemetry
 
@@ -39,6 +39,7 @@ h1 { font-size: 22px; margin: 0 0 4px 0; } h2 { font-size: 17px; margin: 28px 0 
 .badge { display: inline-block; padding: 3px 10px; border-radius: 12px; font-weight: 600; font-size: 13px; }
 .valid { background: #d8f3dc; color: #1b5e20; } .unofficial { background: #fff3cd; color: #7a5a00; }
 .invalid { background: #fde2e1; color: #9b1c1c; }
+.note { background: #fff3cd; color: #7a5a00; padding: 6px 10px; border-radius: 6px; font-size: 13px; }
 .grid { display: grid; grid-template-columns: repeat(auto-fit, minmax(520px, 1fr)); gap: 14px; }
 figure { background: #fff; margin: 0; padding: 8px; border-radius: 8px; box-shadow: 0 1px 3px rgba(0,0,0,.12); }
 figure img { width: 100%; height: auto; display: block; } figcaption { font-size: 12px; color: #5b6572; }
@@ -170,6 +171,7 @@ def _headline(summary: dict[str, Any]) -> str:
         for cls, label, value, note in cards
     )
     badge = f'<span class="badge {_verdict_class(v)}" id="verdict">{_e(v["headline"])}</span>'
+    notes = "".join(f'<p class="note" id="verdict-note">{_e(n)}</p>' for n in v.get("notes") or [])
     rules = [
         f"<tr><td>{_e(r['name'])}</td><td>{_e(r['measured'])}</td><td>{_e(r['required'])}</td>"
         f'<td class="{"pass" if r["passed"] else "fail"}">{"pass" if r["passed"] else "FAIL"}</td></tr>'
@@ -177,7 +179,7 @@ def _headline(summary: dict[str, Any]) -> str:
     ]
     return (
         f'<div class="cards">{html_cards}</div>'
-        f"<h2>Verdict {badge}</h2>"
+        f"<h2>Verdict {badge}</h2>{notes}"
         f'<p class="sub">Run status: {_e(summary["status"])} ({_e(summary["stop_reason"])}).</p>'
         + _table(["rule", "measured", "required", ""], rules)
     )
@@ -393,9 +395,7 @@ def write_report(run_dir: str | Path, output: str | Path | None = None) -> Path:
         path = path / REPORT_NAME
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(page)
-        os.replace(tmp, path)
+        write_atomic(path, page.encode())
     except OSError as exc:
-        raise AiperfError(f"cannot write the report to {path}: {exc.strerror}") from None
+        raise os_error(exc, path, "write the report to", exit_code=1) from None
     return path

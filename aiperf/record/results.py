@@ -16,7 +16,8 @@ from typing import Any
 
 import pandas as pd
 
-from aiperf.record.ledger import read_ledger
+from aiperf.record.ledger import LEDGER_NAME, read_ledger
+from aiperf.record.schema import check_shapes
 from aiperf.record.telemetry import read_telemetry
 
 EPOCH_COLUMNS = [
@@ -239,9 +240,14 @@ def _telemetry(run_dir: Path, records: list[dict[str, Any]]) -> pd.DataFrame:
 
 
 def load(run_dir: str | Path) -> RunResults:
-    """The run in ``run_dir`` as frames (raises :class:`~aiperf.errors.AiperfError` if it has no ledger)."""
+    """The run in ``run_dir`` as frames.
+
+    Raises :class:`~aiperf.errors.AiperfError` when it has no ledger or a record is malformed
+    (``aiperf.record.schema``), so a notebook gets one line naming the record, not a pandas error.
+    """
     run_dir = Path(run_dir)
     records = read_ledger(run_dir)
+    check_shapes(records, run_dir / LEDGER_NAME)
     header = records[0] if records and records[0].get("type") == "run_start" else {}
     epochs = _epochs(records)
     return RunResults(

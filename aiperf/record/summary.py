@@ -3,23 +3,28 @@
 Because the summary is a pure function of the ledger, ``aiperf verify`` can recompute it
 and compare, and a run that was killed still gets a correct summary afterwards. The one
 addition from outside the ledger is the ``telemetry`` section (utilisation, energy), which
-is computed from ``telemetry.jsonl`` when the run recorded one; it never enters the score.
+is computed from ``telemetry.jsonl`` when the run recorded one; it never enters the score,
+but it can add notes to the verdict (a machine shared with other work, see
+:func:`aiperf.record.telemetry.shared_machine_notes`).
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
+from aiperf.errors import AiperfError, os_error
 from aiperf.metrics.rules import evaluate_rules
 from aiperf.metrics.score import compute_score, format_ops
-from aiperf.record.ledger import read_ledger
-from aiperf.record.telemetry import read_telemetry, summarize_telemetry
+from aiperf.record.files import write_atomic
+from aiperf.record.ledger import LEDGER_NAME, read_ledger
+from aiperf.record.schema import check_shapes
+from aiperf.record.telemetry import read_telemetry, shared_machine_notes, summarize_telemetry
 
 SUMMARY_NAME = "summary.json"
 STARVED_FRACTION = 0.10  # a worker waiting longer than this share of its step time for input is starved
+DATASET_FIELDS = ("name", "train_images", "eval_images", "input_shape", "num_classes", "fingerprint")
 
 
 def _worker_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -102,7 +107,7 @@ def _start_failures(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _device_summary(start: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, Any]:
-    plan = start.get("plan", {})
+    plan = start.get("plan") or {}
     nodes = plan.get("nodes", [])
     devices = {}
     for w in (r for r in records if r["type"] == "worker"):
@@ -120,10 +125,9 @@ def _device_summary(start: dict[str, Any], records: list[dict[str, Any]]) -> dic
     }
 
 
-def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Everything the run claims, derived from its ledger records."""
-    if not records or records[0]["type"] != "run_start":
-        raise ValueError("the ledger does not begin with a run_start record")
+def summarize(records: list[dict[str, Any]], source: Any = "the ledger") -> dict[str, Any]:
+    """Everything the run claims, derived from its ledger records (checked first: see ``record.schema``)."""
+    check_shapes(records, source)
     start = records[0]
     score = compute_score(records)
     verdict = evaluate_rules(records, score)
@@ -137,7 +141,9 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     best = max(epochs, key=lambda r: (r["val_acc"], -r["seq"]), default=None)
     best_trial = None
     if best is not None:
-        ts = next(r for r in starts if r["trial"] == best["trial"])
+        ts = next((r for r in starts if r["trial"] == best["trial"]), None)
+        if ts is None:
+            raise AiperfError(f"the ledger's best epoch (seq {best['seq']}) belongs to a trial that never started")
         best_trial = {
             "trial": best["trial"],
             "epoch": best["epoch"],
@@ -149,16 +155,14 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
             "flops_train_per_image": ts["flops"]["train_per_image"],
         }
     precisions = sorted({r["precision"] for r in epochs})
+    dataset, plan = start.get("dataset") or {}, start.get("plan") or {}
     return {
         "run_id": start["run_id"],
-        "name": start["config"]["run"]["name"],
+        "name": _run_section(start).get("name"),
         "status": stops[-1]["status"] if stops else "running or killed",
         "stop_reason": stops[-1].get("reason") if stops else "no run_stop record: the master was killed",
-        "dataset": {
-            k: start["dataset"].get(k)
-            for k in ("name", "train_images", "eval_images", "input_shape", "num_classes", "fingerprint")
-        },
-        "backend": start["plan"].get("backend"),
+        "dataset": {k: dataset.get(k) for k in DATASET_FIELDS},
+        "backend": plan.get("backend"),
         "precision": precisions,
         "devices": _device_summary(start, records),
         "score": {
@@ -183,25 +187,41 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _run_section(start: dict[str, Any]) -> dict[str, Any]:
+    return (start.get("config") or {}).get("run") or {}
+
+
 def build_summary(run_dir: str | Path, records: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The summary of ``run_dir``: :func:`summarize` of its ledger plus its telemetry, if it has any."""
     run_dir = Path(run_dir)
     records = read_ledger(run_dir) if records is None else records
-    summary = summarize(records)
+    summary = summarize(records, run_dir / LEDGER_NAME)
     samples = read_telemetry(run_dir)
     if samples:
-        interval = records[0].get("config", {}).get("run", {}).get("telemetry_interval_s")
+        interval = _run_section(records[0]).get("telemetry_interval_s")
         summary["telemetry"] = summarize_telemetry(samples, summary["score"]["total_ops"], interval)
+        notes = shared_machine_notes(summary["telemetry"])
+        if notes:  # additive: the rules' verdict stands; the notes say what it was measured beside
+            verdict = summary["verdict"]
+            verdict["notes"] = notes
+            verdict["headline"] = f"{verdict['headline']}; {'; '.join(notes)}"
     return summary
+
+
+def save_summary(run_dir: str | Path, summary: dict[str, Any]) -> Path:
+    """Write ``summary.json`` atomically; a write that fails is an :class:`AiperfError` (exit 1) naming it."""
+    path = Path(run_dir) / SUMMARY_NAME
+    try:
+        write_atomic(path, (json.dumps(summary, indent=2, sort_keys=True) + "\n").encode())
+    except OSError as exc:
+        raise os_error(exc, path, "write", exit_code=1) from None
+    return path
 
 
 def write_summary(run_dir: str | Path) -> dict[str, Any]:
     """Recompute the summary from ``run_dir``'s ledger and write ``summary.json`` atomically."""
-    run_dir = Path(run_dir)
     summary = build_summary(run_dir)
-    tmp = run_dir / (SUMMARY_NAME + ".tmp")
-    tmp.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, run_dir / SUMMARY_NAME)
+    save_summary(run_dir, summary)
     return summary
 
 

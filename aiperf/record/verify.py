@@ -17,6 +17,12 @@ Four independent checks, each of which an edit to the results must get past:
 A ledger rewritten wholesale with fresh hashes passes check 1 but not checks 3 and 4 unless
 the summary is rewritten to match too: publish ``summary.json``'s ``ledger.last_hash`` with
 a result to pin the ledger down completely.
+
+Before checks 2-4 every record's shape is checked (``aiperf.record.schema``): a record with
+a string where a number belongs fails verification there, by name, instead of crashing a
+later check. Input that cannot be read as a ledger at all (no such directory, a line that
+is not JSON, nesting too deep to parse) raises :class:`~aiperf.errors.AiperfError`, which
+the CLI reports with exit code 2; a failed check is exit code 1.
 """
 
 from __future__ import annotations
@@ -26,27 +32,39 @@ import math
 from pathlib import Path
 from typing import Any
 
-from aiperf.errors import AiperfError
+from aiperf.errors import AiperfError, excerpt
 from aiperf.metrics.flops import GraphCost, aiperf_compatible_operations, count_flops, epoch_operations
 from aiperf.metrics.score import format_ops
-from aiperf.record.ledger import iter_ledger, record_hash
+from aiperf.record.files import read_regular
+from aiperf.record.ledger import read_ledger_contents, record_hash
+from aiperf.record.schema import shape_problems
 from aiperf.record.summary import SUMMARY_NAME, build_summary
+from aiperf.record.telemetry import read_telemetry
 from nas.errors import NasError
 from nas.graph import Graph
 from nas.serialize import graph_from_dict
 
 REL_TOL = 1e-9  # JSON round-trips floats exactly; this only absorbs summation order
 MAX_LISTED = 10
+MAX_SUMMARY_BYTES = 16 * 1024 * 1024  # a real summary.json is a few kilobytes
 
 
 def describe(record: dict[str, Any]) -> str:
     """``seq 12 (epoch t00003 epoch 2)``: how a message points at a record."""
-    what = [str(record.get("type", "?"))]
+    what = [_label(record.get("type", "?"))]
     if "trial" in record:
-        what.append(str(record["trial"]))
+        what.append(_label(record["trial"]))
     if record.get("type") == "epoch" and "epoch" in record:
-        what.append(f"epoch {record['epoch']}")
-    return f"seq {record.get('seq', '?')} ({' '.join(what)})"
+        what.append(f"epoch {_label(record['epoch'])}")
+    return f"seq {_label(record.get('seq', '?'))} ({' '.join(what)})"
+
+
+def _label(value: Any) -> str:
+    """A field as it appears in a message: itself when short and printable, else an excerpt."""
+    text = value if isinstance(value, str) else None
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) < 10**15:
+        text = str(value)
+    return text if text is not None and text.isprintable() and len(text) <= 40 else excerpt(value)
 
 
 def _close(a: Any, b: Any) -> bool:
@@ -223,15 +241,21 @@ def check_summary(run_dir: Path, records: list[dict[str, Any]]) -> tuple[list[st
     """Recompute the summary and compare it with ``summary.json``; returns (problems, recomputed)."""
     path = run_dir / SUMMARY_NAME
     try:
-        recorded = json.loads(path.read_text())
+        data = read_regular(path, MAX_SUMMARY_BYTES)
     except FileNotFoundError:
         return [f"{path} is missing (run `aiperf summary {run_dir}` to write it, then publish it)"], None
-    except ValueError:
+    except OSError as exc:
+        raise AiperfError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if len(data) > MAX_SUMMARY_BYTES:
+        return [f"{path} is larger than any summary ({MAX_SUMMARY_BYTES:,} bytes or more)"], None
+    try:
+        recorded = json.loads(data)
+    except (ValueError, RecursionError):
         return [f"{path} is not valid JSON"], None
     try:
         recomputed = build_summary(run_dir, records)
-    except (AiperfError, ValueError, KeyError, TypeError, StopIteration) as exc:
-        return [f"the summary cannot be recomputed from the ledger ({type(exc).__name__}: {exc})"], None
+    except AiperfError as exc:
+        return [f"the summary cannot be recomputed from the ledger ({exc})"], None
     return diff(recorded, recomputed), recomputed
 
 
@@ -239,18 +263,27 @@ def check_summary(run_dir: Path, records: list[dict[str, Any]]) -> tuple[list[st
 
 
 def verify_run(run_dir: str | Path) -> tuple[bool, str]:
-    """Run every check; ``(True, "verified: ...")`` or ``(False, "verify failed: <first problem> ...")``."""
+    """Run every check; ``(True, "verified: ...")`` or ``(False, "verify failed: <first problem> ...")``.
+
+    Raises :class:`~aiperf.errors.AiperfError` when ``run_dir`` cannot be read as a run at all.
+    """
     run_dir = Path(run_dir)
-    try:
-        records = list(iter_ledger(run_dir))
-    except AiperfError as exc:
-        return False, f"verify failed: {exc}"
+    contents = read_ledger_contents(run_dir)
+    records = contents.records
+    if not records:
+        raise AiperfError(f"{run_dir}: the ledger has no complete record")
+    read_telemetry(run_dir)  # unreadable (a FIFO, a device) is unreadable input, not a failed check
     problems = check_chain(records)
-    problems += check_bookkeeping(records)
-    flop_problems, trials = check_flops(records)
-    problems += flop_problems
-    summary_problems, summary = check_summary(run_dir, records)
-    problems += summary_problems
+    shapes = shape_problems(records)
+    problems += shapes
+    trials = 0
+    summary: dict[str, Any] | None = None
+    if not shapes:  # the deeper checks compute with the fields the shapes guarantee
+        problems += check_bookkeeping(records)
+        flop_problems, trials = check_flops(records)
+        problems += flop_problems
+        summary_problems, summary = check_summary(run_dir, records)
+        problems += summary_problems
     if problems:
         lines = [f"verify failed: {problems[0]}"]
         lines += [f"  also: {p}" for p in problems[1:MAX_LISTED]]
@@ -260,9 +293,11 @@ def verify_run(run_dir: str | Path) -> tuple[bool, str]:
     assert summary is not None
     epochs = sum(1 for r in records if r.get("type") == "epoch")
     score, verdict = summary["score"], summary["verdict"]
+    torn = contents.torn_note(run_dir / "ledger.jsonl")
     return True, (
         f"verified: run {summary['run_id']}: {len(records)} records, hash chain intact "
         f"(last {records[-1]['hash'][:16]}); FLOPs of {trials} trials and operations of {epochs} epochs "
         f"recomputed; score {score['ops_human']} (regulated {score['regulated_human']}, "
         f"{format_ops(score['total_ops'], 'OP')} counted) and verdict '{verdict['headline']}' match {SUMMARY_NAME}"
+        + (f"\n  note: {torn}" if torn else "")
     )

@@ -1,0 +1,134 @@
+"""What the defences against hostile input cost, and how fast hostile input is refused.
+
+1. Refusals: how long ``load_config`` takes to refuse a 600-byte "billion laughs" document
+   (which expanded to gigabytes before it was refused), a 30,000-deep flow sequence just under
+   the size cap, the same alias bomb given with ``--set``, and (for scale) the time to load the
+   largest config accepted (64 KiB).
+2. Reading a ledger: a simulated run (the real master and search on a simulated pool, as
+   ``aiperf scaling --simulate`` runs them) is read back as ``aiperf summary`` reads it, and
+   the time per record is split into parsing (``json.loads``), the nesting-depth check, the
+   record-shape check (``aiperf.record.schema``) and the summary itself, so the share of the
+   checks in a summary of a large run is visible.
+
+Run from the repository root::
+
+    PYTHONPATH=. python benchmarks/hostile_inputs.py --nodes 64 --budget 600 --json hostile.json
+    PYTHONPATH=. python benchmarks/hostile_inputs.py --nodes 1 --budget 30     # a quick check
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from common import machine_facts, median, write_json
+
+LAUGHS = "\n".join(
+    ['a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    + [f"{k}: &{k} [{', '.join([f'*{p}'] * 9)}]" for p, k in zip("abcdefgh", "bcdefghi", strict=True)]
+    + ["run: {name: *i}"]
+)
+
+
+def _timed(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return median(times)
+
+
+def refusals(repeats: int) -> dict[str, float]:
+    from aiperf.config import MAX_CONFIG_BYTES, load_config
+    from aiperf.errors import AiperfError
+
+    folder = Path(tempfile.mkdtemp(prefix="aiperf-hostile-"))
+    files = {
+        "billion_laughs_600B": LAUGHS,
+        "deep_30k_60KB": "run: {name: " + "[" * 30_000 + "]" * 30_000 + "}\n",
+        "largest_accepted_64KiB": "run:\n  name: big\n" + "#" * (MAX_CONFIG_BYTES - 40) + "\n",
+    }
+    out = {}
+    for name, text in files.items():
+        path = folder / f"{name}.yaml"
+        path.write_text(text)
+
+        def attempt(path: Path = path) -> None:
+            with contextlib.suppress(AiperfError):
+                load_config(path)
+
+        out[f"{name}_s"] = _timed(attempt, repeats)
+
+    def set_bomb() -> None:
+        with contextlib.suppress(AiperfError):
+            load_config("smoke", ["run.name=&a [x, *a, *a, *a, *a, *a, *a, *a, *a]"])
+
+    out["set_alias_s"] = _timed(set_bomb, repeats)
+    return out
+
+
+def ledger_read(nodes: int, budget_s: float, repeats: int) -> dict[str, float]:
+    from aiperf.config import load_config
+    from aiperf.engine.scaling import SimulationSettings, simulate_run
+    from aiperf.record.ledger import _reject_constant, _too_deep, read_ledger_contents
+    from aiperf.record.schema import shape_problems
+    from aiperf.record.summary import build_summary
+    from nas import zoo
+
+    run_dir = Path(tempfile.mkdtemp(prefix="aiperf-ledger-")) / "run"
+    cfg = load_config("smoke", [f"run.time_budget_s={budget_s}"])
+    dataset = {
+        "name": "digits-sim", "num_classes": 10, "input_shape": [8, 8, 1], "train_images": 1438,
+        "eval_images": 359, "split": {"method": "stratified", "seed": 0, "disjoint": True}, "fingerprint": "0" * 64,
+    }  # fmt: skip
+    simulate_run(cfg, nodes, run_dir, zoo.small_resnet((8, 8, 1), 10, width=8), dataset, SimulationSettings())
+    lines = [ln for ln in (run_dir / "ledger.jsonl").read_bytes().split(b"\n") if ln]
+    records = read_ledger_contents(run_dir).records
+    n = len(records)
+    parse = _timed(lambda: [json.loads(ln, parse_constant=_reject_constant) for ln in lines], repeats)
+    depth = _timed(lambda: [_too_deep(ln) for ln in lines], repeats)
+    shapes = _timed(lambda: shape_problems(records, limit=1), repeats)
+    read = _timed(lambda: read_ledger_contents(run_dir), repeats)
+    summary = _timed(lambda: build_summary(run_dir, records), repeats)
+    return {
+        "records": n,
+        "ledger_bytes": (run_dir / "ledger.jsonl").stat().st_size,
+        "parse_us_per_record": 1e6 * parse / n,
+        "depth_check_us_per_record": 1e6 * depth / n,
+        "shape_check_us_per_record": 1e6 * shapes / n,
+        "read_ledger_s": read,
+        "build_summary_s": summary,
+        "checks_share_of_read_and_summary": (depth + shapes) / (read + summary),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=64, help="simulated nodes (8 workers each)")
+    parser.add_argument("--budget", type=float, default=600.0, help="simulated run length in seconds")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    facts = machine_facts()
+    print(f"{facts['date']} on {facts['host']} ({facts['cpu']}), {facts['load']}")
+    refused = refusals(args.repeats)
+    for name, seconds in refused.items():
+        print(f"  {'load' if name.startswith('largest') else 'refuse'} {name[:-2]:<26} {1e3 * seconds:8.2f} ms")
+    read = ledger_read(args.nodes, args.budget, args.repeats)
+    print(
+        f"  ledger: {read['records']:,} records ({read['ledger_bytes'] / 2**20:.1f} MiB): parse "
+        f"{read['parse_us_per_record']:.1f} us/record, depth check {read['depth_check_us_per_record']:.1f}, "
+        f"shape check {read['shape_check_us_per_record']:.1f}; read {read['read_ledger_s']:.2f} s, "
+        f"summary {read['build_summary_s']:.2f} s; checks = {100 * read['checks_share_of_read_and_summary']:.0f} % "
+        "of read + summary"
+    )
+    write_json(args.json, {"machine": facts, "refusals_s": refused, "ledger": read, "args": vars(args)})
+
+
+if __name__ == "__main__":
+    main()
