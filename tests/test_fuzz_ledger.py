@@ -54,7 +54,10 @@ HOSTILE = st.one_of(
     st.dictionaries(st.text(max_size=4), st.integers(), max_size=3),
     st.integers(min_value=30, max_value=400).map(_nested),
 )
-TYPES = ["run_start", "trial_start", "epoch", "trial_end", "requeue", "worker", "resume", "run_stop", "??", ""]
+TYPES = [
+    "run_start", "trial_start", "epoch", "trial_end", "requeue", "worker", "resume", "run_stop",
+    "worker_failed", "bad_images", "??", "",
+]  # fmt: skip
 
 
 def _rechain(records: list[dict]) -> None:
@@ -118,6 +121,20 @@ class _Base(tuple):
 def base(sim_run, tmp_path_factory) -> tuple[list[dict], Path]:
     """The simulated run as if its master had been killed (resumable), with a matching summary.json."""
     records = read_ledger(sim_run)[:-1]
+    # Records and fields of streamed runs and failing workers, so their readers are fuzzed too.
+    records[0]["dataset"].update(storage="stream", bad_images={"count": 1, "files": ["a.JPEG"], "max_fraction": 0.01})
+    for rec in records:
+        if rec["type"] == "epoch":
+            rec.update(input="stream", skipped_images=1, data_wait_s=0.01)
+        elif rec["type"] == "worker":
+            rec["decode_threads"] = 2
+    extra = [
+        {"type": "worker_failed", "t": 0.5, "wall": records[0]["wall"], "worker": "w0099", "node": "n", "cause": "x"},
+        {"type": "bad_images", "t": 0.5, "wall": records[0]["wall"], "trial": "t00000", "worker": "w0000",
+         "files": ["b.JPEG"], "count": 1, "epoch_count": 1, "over_limit": False},
+    ]  # fmt: skip
+    records[1:1] = extra
+    _rechain(records)
     folder = tmp_path_factory.mktemp("fuzz-base")
     _write(folder, records)
     (folder / "summary.json").write_text(json.dumps(build_summary(folder), sort_keys=True))
@@ -238,12 +255,13 @@ def test_verify_exit_codes_are_distinct(base, tmp_path):
     records, folder = base
     assert _cli("verify", str(folder))[0] == 0
     edited = copy.deepcopy(records)
-    edited[5]["val_acc"] = "0.99"  # a string where a number belongs, under a valid chain
+    k = next(i for i, r in enumerate(edited) if r["type"] == "epoch")
+    edited[k]["val_acc"] = "0.99"  # a string where a number belongs, under a valid chain
     _rechain(edited)
     _write(tmp_path, edited)
     (tmp_path / "summary.json").write_bytes((folder / "summary.json").read_bytes())
     code, out, _ = _cli("verify", str(tmp_path))
-    assert code == 1 and "record 6 (seq 5, epoch): val_acc: input should be a valid number" in out
+    assert code == 1 and f"record {k + 1} (seq {k}, epoch): val_acc: input should be a valid number" in out
     assert _cli("verify", str(tmp_path / "nope"))[0] == 2
     (tmp_path / "ledger.jsonl").write_bytes(b"")
     assert _cli("verify", str(tmp_path))[0] == 2

@@ -58,8 +58,16 @@ class _Split(_Shape):
     disjoint: bool | None = None
 
 
+class _BadImagesAtLoad(_Shape):
+    count: Count = 0
+    files: list[str] = []
+    max_fraction: Fraction | None = None
+
+
 class _DatasetHeader(_Shape):
     name: str | None = None
+    storage: str | None = None
+    bad_images: _BadImagesAtLoad | None = None
     fingerprint: str | None = None
     train_images: Count | None = None
     eval_images: Count | None = None
@@ -158,6 +166,8 @@ class Epoch(_Record):
     train_s: Quantity | None = None
     eval_s: Quantity | None = None
     data_wait_s: Quantity | None = None
+    input: str | None = None
+    skipped_images: Count = 0
     precision: str
     worker: str | None = None
     node: str | None = None
@@ -197,7 +207,25 @@ class Worker(_Record):
     busy_fraction: Quantity | None = None
     steady_busy_fraction: Quantity | None = None
     idle_gaps: _IdleGaps = _IdleGaps()
+    decode_threads: Positive | None = None
     retired: str | None = None
+
+
+class WorkerFailed(_Record):
+    worker: str
+    node: str | None = None
+    hostname: str | None = None
+    cause: str
+
+
+class BadImages(_Record):
+    trial: str | None = None
+    worker: str | None = None
+    node: str | None = None
+    files: list[str] = []
+    count: Count = 0
+    epoch_count: Count | None = None
+    over_limit: bool = False
 
 
 class Resume(_Record):
@@ -219,6 +247,8 @@ SHAPES: dict[str, type[_Record]] = {
     "worker": Worker,
     "resume": Resume,
     "run_stop": RunStop,
+    "worker_failed": WorkerFailed,
+    "bad_images": BadImages,
 }
 
 
