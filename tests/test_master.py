@@ -238,3 +238,14 @@ def test_every_record_is_durable_before_the_master_submits_more_work(tmp_path, m
     assert len(submits) > 20
     assert synced["size"] == ledger_path.stat().st_size  # run_stop and all before it are durable
     assert synced["count"] < len(records)  # and records did share fsyncs
+
+
+def test_a_run_that_counted_no_epoch_fails_and_says_why(tmp_path):
+    """A budget shorter than the first epoch scores nothing: the run ends failed, not completed with 0 OPS."""
+    outcome, records = _run(tmp_path / "short", budget=3.0, epoch_s=5.0)
+    assert not [r for r in records if r["type"] == "epoch"]
+    assert outcome.status == "failed"
+    assert "no epoch completed within the 3 s budget" in outcome.reason and "run.time_budget_s" in outcome.reason
+    assert records[-1]["type"] == "run_stop" and records[-1]["status"] == "failed"
+    outcome, _ = _run(tmp_path / "long", budget=30.0, epoch_s=5.0)
+    assert outcome.status == "completed"

@@ -120,6 +120,7 @@ class Master:
         weights: WeightStore,
         progress: Progress | None = None,
         first_trial: int = 0,
+        epochs_before: int = 0,
         clock: Callable[[], float] | None = None,
     ) -> None:
         self.settings = settings
@@ -146,6 +147,7 @@ class Master:
         self.start_failures: list[_Failure] = []
         self.failure_streak: list[_Failure] = []  # trial failures since the last completed epoch
         self.epochs_counted = 0
+        self.epochs_before = epochs_before  # counted by earlier sessions of a resumed run
         self.bad_images: set[str] = set()
 
     # -- control ---------------------------------------------------------------------------------
@@ -195,8 +197,18 @@ class Master:
                     self.progress.maybe_print(self.clock(), running, len(self.active) - running)
         except KeyboardInterrupt:
             status, reason = "interrupted", "interrupted by the user"
+        if status == "completed" and self.epochs_counted == 0 and self.epochs_before == 0:
+            # A run that counted nothing has no score: it failed, however cleanly it ended.
+            status, reason = "failed", self._nothing_trained()
         self._finish()
         return RunOutcome(status, reason, self.proposed, self.completed, self.worker_stats)
+
+    def _nothing_trained(self) -> str:
+        ready = len(self.worker_ready_t)
+        return (
+            f"no epoch completed within the {self.settings.time_budget_s:g} s budget ({ready} worker(s) became"
+            f" ready, {self.proposed} trial(s) proposed): raise run.time_budget_s, or see why with aiperf -v run"
+        )
 
     # -- submitting ------------------------------------------------------------------------------
     def _new_trial(self) -> TrialState:

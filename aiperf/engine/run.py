@@ -387,7 +387,16 @@ def _run(
         pool = RayWorkerPool(cfg, dataset, nodes)
         progress = Progress(cfg.run.progress_interval_s, cfg.run.time_budget_s, out)
         settings = MasterSettings.from_config(cfg, dataset_images=dataset.train_size + dataset.val_size)
-        master = Master(settings, proposer, pool, ledger, weights, progress, first_trial=first_trial)
+        master = Master(
+            settings,
+            proposer,
+            pool,
+            ledger,
+            weights,
+            progress,
+            first_trial=first_trial,
+            epochs_before=sum(1 for r in previous if r["type"] == "epoch"),
+        )
         master.bad_images.update(f for r in previous if r["type"] == "bad_images" for f in r.get("files", []))
         telemetry = TelemetryRecorder(run_dir, cfg.run.telemetry_interval_s)
         telemetry.on_warning = warn
