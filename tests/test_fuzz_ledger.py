@@ -128,9 +128,10 @@ def base(sim_run, tmp_path_factory) -> tuple[list[dict], Path]:
             rec.update(input="stream", skipped_images=1, data_wait_s=0.01)
         elif rec["type"] == "worker":
             rec["decode_threads"] = 2
+    t0 = records[0]["t"]  # inserted right after run_start: the master clock must not run backwards
     extra = [
-        {"type": "worker_failed", "t": 0.5, "wall": records[0]["wall"], "worker": "w0099", "node": "n", "cause": "x"},
-        {"type": "bad_images", "t": 0.5, "wall": records[0]["wall"], "trial": "t00000", "worker": "w0000",
+        {"type": "worker_failed", "t": t0, "wall": records[0]["wall"], "worker": "w0099", "node": "n", "cause": "x"},
+        {"type": "bad_images", "t": t0, "wall": records[0]["wall"], "trial": "t00000", "worker": "w0000",
          "files": ["b.JPEG"], "count": 1, "epoch_count": 1, "over_limit": False},
     ]  # fmt: skip
     records[1:1] = extra
@@ -253,7 +254,8 @@ def test_unreadable_ledger_lines_exit_2_everywhere(base, tmp_path, line, fragmen
 def test_verify_exit_codes_are_distinct(base, tmp_path):
     """0 verified, 1 a check failed, 2 the input could not be read."""
     records, folder = base
-    assert _cli("verify", str(folder))[0] == 0
+    code, out, err = _cli("verify", str(folder))
+    assert code == 0, out + err
     edited = copy.deepcopy(records)
     k = next(i for i, r in enumerate(edited) if r["type"] == "epoch")
     edited[k]["val_acc"] = "0.99"  # a string where a number belongs, under a valid chain
@@ -309,8 +311,8 @@ def test_mutated_telemetry_never_fails_a_summary_or_verify(base, mutations, garb
         code, out, err = _cli("summary", str(run))
         _clean_failure(code, err, (0,))
         assert "aiperf result" in out
-        code, _, err = _cli("verify", str(run))
-        _clean_failure(code, err, (0,))
+        code, out, err = _cli("verify", str(run))
+        _clean_failure(code, out + err, (0,))
         assert results.load(run).telemetry is not None
 
 

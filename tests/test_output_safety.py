@@ -84,11 +84,15 @@ def test_a_reader_that_stops_reading_never_blocks_the_writer():
 
 @pytest.mark.slow
 def test_a_run_piped_into_head_on_a_busy_machine_completes_and_says_it_shared_the_machine(tmp_path):
-    """``aiperf run | head -1`` (case 4) while two CPU burners compete for the box (case 8)."""
-    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True) for _ in range(2)]
+    """``aiperf run | head -1`` (case 4) while a CPU burner competes for the box (case 8).
+
+    One burner holds half of a 2-core box; the budget leaves the slowed workers time to start and
+    complete epochs (a run that completes none fails, by design).
+    """
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)]
     try:
         command = shlex.join(
-            _run_args(tmp_path, 15, "--set", "run.progress_interval_s=0.5", "--set", "run.telemetry_interval_s=1")
+            _run_args(tmp_path, 40, "--set", "run.progress_interval_s=0.5", "--set", "run.telemetry_interval_s=1")
         )
         proc = subprocess.run(
             ["bash", "-c", f"{command} | head -1; exit ${{PIPESTATUS[0]}}"],
@@ -109,7 +113,7 @@ def test_a_run_piped_into_head_on_a_busy_machine_completes_and_says_it_shared_th
     assert "progress output stopped (Broken pipe)" in proc.stderr
     _, summary = _completed_run(tmp_path)
     telemetry = summary["telemetry"]
-    assert telemetry["cpu_outside_percent"] >= 20, telemetry  # two busy loops on this machine's cores
+    assert telemetry["cpu_outside_percent"] >= 20, telemetry  # a busy loop on one of this machine's cores
     assert telemetry["cpu_run_percent"] > 0, "the run's own processes were not counted as the run's"
     assert "shared machine:" in summary["verdict"]["headline"]
     assert summary["verdict"]["notes"][0].startswith("shared machine: ")

@@ -251,6 +251,7 @@ def run_benchmark(
     nothing it prints can stop or stall it (:class:`~aiperf.engine.output.Output`).
     """
     from aiperf.record.runlock import RunLock, takeover_note
+    from aiperf.training.backend import check_backend_installed
 
     out = output(out if out is not None else sys.stdout, background=True)
     errors = output(err if err is not None else sys.stderr, background=True)
@@ -260,6 +261,7 @@ def run_benchmark(
         if resume_dir is None:
             if cfg is None:
                 raise AiperfError("run_benchmark needs a config or a run directory to resume")
+            check_backend_installed(cfg.model.backend)  # before anything is created on disk
             prepare_results_dir(cfg.run.results_dir)
             return _run(cfg, address, out, warn, None, [], locks)
         run_dir = Path(resume_dir)
