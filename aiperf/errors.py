@@ -76,7 +76,8 @@ _OS_ADVICE = {
 def os_error(exc: OSError, path: str | Path, doing: str, then: str = "", exit_code: int = 2) -> AiperfError:
     """``cannot <doing> <path>: <reason> (<ERRNO>); <advice>[; <then>]`` as an :class:`AiperfError`."""
     code = exc.errno
-    reason, advice = _OS_ADVICE.get(code, (exc.strerror or type(exc).__name__, ""))
+    unknown = (exc.strerror or type(exc).__name__, "")
+    reason, advice = _OS_ADVICE.get(code, unknown) if code is not None else unknown
     name = errno.errorcode.get(code, "") if code is not None else ""
     tail = "; ".join(part for part in (advice, then) if part)
     return AiperfError(

@@ -39,6 +39,7 @@ import numpy as np
 from threadpoolctl import ThreadpoolController
 
 from nas.distance import ArchitectureDistance
+from nas.errors import NasError
 from nas.gp import GaussianProcess, GPError, LandmarkEmbedding
 from nas.graph import Graph
 from nas.morph import Morph, candidate_morphs, random_morph, try_morph
@@ -92,6 +93,13 @@ class _Entry:
     graph: Graph
     status: ArchitectureStatus
     fantasy: float | None = None  # kriging-believer target of a pending architecture
+
+
+def _believed(entry: _Entry) -> float:
+    """A pending architecture's kriging-believer target, which it has once the surrogate predicted it."""
+    if entry.fantasy is None:
+        raise NasError("a pending architecture entered the fit before it had a believed value")
+    return entry.fantasy
 
 
 @dataclass
@@ -350,7 +358,7 @@ class BayesianMorphSearch(ArchitectureStrategy):
                 self._finals += 1
             entry = _Entry(graph, status)
             self._pending.pop(key, None)
-            self._real.put(key, to_target(status.value))
+            self._real.put(key, to_target(status.measured))
         self._entries[key] = entry
         self._dirty = True
 
@@ -395,7 +403,7 @@ class BayesianMorphSearch(ArchitectureStrategy):
 
     def _fit(self, real: list[_Entry], fantasies: list[_Entry], center: float, spread: float) -> _Posterior | None:
         entries = real + fantasies
-        y = np.array([to_target(e.status.value) for e in real] + [e.fantasy for e in fantasies])
+        y = np.array([to_target(e.status.measured) for e in real] + [_believed(e) for e in fantasies])
         y = (y - center) / spread
         extra = np.array(
             [self._partial_noise * (1.0 - e.status.progress) if e.status.status == "partial" else 0.0 for e in entries]

@@ -7,7 +7,10 @@ for importing the search itself (SciPy and Optuna: about 0.75 s).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TypedDict
+from typing import Literal, TypedDict
+
+KernelSize = Literal[1, 3, 5, 7]  # odd, so a deeper morph can start as an identity
+Strategy = Literal["bayesian", "random"]
 
 
 class Hparams(TypedDict):
@@ -17,7 +20,7 @@ class Hparams(TypedDict):
     batch_size: int
     weight_decay: float
     dropout: float
-    kernel_size: int
+    kernel_size: KernelSize
     epochs: int
 
 
@@ -40,7 +43,7 @@ class HparamRanges:
     weight_decay: tuple[float, float] = (1e-6, 1e-2)
     dropout: tuple[float, float] = (0.0, 0.5)
     batch_sizes: tuple[int, ...] = (32, 64, 128, 256)
-    kernel_sizes: tuple[int, ...] = (1, 3, 5)
+    kernel_sizes: tuple[KernelSize, ...] = (1, 3, 5)
     epochs: tuple[int, int] = (1, 4)
 
 
@@ -48,7 +51,7 @@ class HparamRanges:
 class SearchDefaults:
     """How architectures are proposed."""
 
-    strategy: str = "bayesian"
+    strategy: Strategy = "bayesian"
     ucb_beta: float = 2.0
     retune_fraction: float = 0.25
     max_morphs_per_child: int = 2
@@ -56,6 +59,6 @@ class SearchDefaults:
     candidates: int = 64
 
 
-STRATEGIES = ("bayesian", "random")
+STRATEGIES: tuple[Strategy, ...] = ("bayesian", "random")
 HPARAM_RANGES = HparamRanges()
 SEARCH = SearchDefaults()

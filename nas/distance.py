@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scipy.optimize import linear_sum_assignment
 
 from nas.graph import Graph, Node
@@ -91,7 +92,7 @@ def _relative(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.abs(a - b) / np.maximum(np.maximum(a, b), 1.0)
 
 
-def substitution_costs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def substitution_costs(a: ArrayLike, b: ArrayLike) -> np.ndarray:
     """Cost of substituting each layer of ``a`` (rows of type, width, kernel, stride) by each of ``b``."""
     a = np.asarray(a, dtype=np.float64).reshape(-1, 4)
     b = np.asarray(b, dtype=np.float64).reshape(-1, 4)
@@ -128,7 +129,7 @@ def skip_distances(left: Sequence[np.ndarray], right: Sequence[np.ndarray]) -> n
     width_l, width_r = int(n_left[both].max()), int(n_right[both].max())
     pad_l = np.zeros((len(both), width_l, 3))
     pad_r = np.zeros((len(both), width_r, 3))
-    for row, p in enumerate(both):
+    for row, p in enumerate(both.tolist()):
         pad_l[row, : n_left[p]] = left[p]
         pad_r[row, : n_right[p]] = right[p]
     cost = skip_cost_matrix(pad_l, pad_r)  # (pairs, width_l, width_r)
@@ -138,8 +139,8 @@ def skip_distances(left: Sequence[np.ndarray], right: Sequence[np.ndarray]) -> n
     single = np.minimum(n_left[both], n_right[both]) == 1
     if single.any():
         out[both[single]] += np.where(valid[single], cost[single], np.inf).min(axis=(1, 2))
-    for row in np.flatnonzero(~single):
-        p = both[row]
+    for row in np.flatnonzero(~single).tolist():
+        p = int(both[row])
         block = cost[row, : n_left[p], : n_right[p]]
         rows, cols = linear_sum_assignment(block)
         out[p] += block[rows, cols].sum()

@@ -284,6 +284,7 @@ def _infer(node: Node, in_shapes: list[Shape]) -> Shape:
 def weight_shapes(node: Node, in_shape: Shape) -> list[Shape]:
     """Shapes of a layer's weights in Keras order (kernel, bias / gamma, beta, mean, var)."""
     a = node.attrs
+    shapes: list[Shape]
     if node.op == "conv":
         kh, kw = a["kernel"]
         shapes = [(kh, kw, in_shape[-1] // a["groups"], a["filters"])]

@@ -35,7 +35,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -411,7 +411,7 @@ def _deeper(graph: Graph, m: Morph, rng: np.random.Generator) -> _Plan:
         if k % 2 == 0:
             raise _Refused(f"deeper: kernel size must be odd for an identity initialisation, got {k}")
         c = shape[-1]
-        chain = [
+        chain: list[tuple[str, dict[str, Any]]] = [
             ("conv", {"filters": c, "kernel": k, "padding": "same", "use_bias": False}),
             ("bn", {}),
             ("act", {"fn": "relu"}),
@@ -460,8 +460,8 @@ def _wider(graph: Graph, m: Morph, rng: np.random.Generator) -> _Plan:
     return _Plan(expansion.resized(), expansion.transform)
 
 
-def _skip_projection(graph: Graph, m: Morph, out_channels: int) -> list[tuple[str, dict[str, Any]]]:
-    src, dst = graph.shape(m.source), graph.shape(m.target)
+def _skip_projection(graph: Graph, m: Morph, source: int, out_channels: int) -> list[tuple[str, dict[str, Any]]]:
+    src, dst = graph.shape(source), graph.shape(m.target)
     if len(src) != 3 or len(dst) != 3:
         raise _Refused("skip connections join image tensors")
     if src[0] % dst[0] or src[1] % dst[1] or src[0] // dst[0] != src[1] // dst[1]:
@@ -474,7 +474,8 @@ def _skip_projection(graph: Graph, m: Morph, out_channels: int) -> list[tuple[st
     return chain
 
 
-def _check_skip_endpoints(graph: Graph, m: Morph) -> None:
+def _check_skip_endpoints(graph: Graph, m: Morph) -> int:
+    """The skip's source node, once the endpoints can carry a skip."""
     if m.source is None or m.source == m.target:
         raise _Refused("a skip needs distinct source and target")
     if m.target == graph.output_node.id:
@@ -483,14 +484,15 @@ def _check_skip_endpoints(graph: Graph, m: Morph) -> None:
         raise _Refused(f"skip n{m.source}->n{m.target}: the source must come before the target")
     if m.source in graph.node(m.target).inputs:
         raise _Refused(f"skip n{m.source}->n{m.target}: already directly connected")
+    return m.source
 
 
 def _add_skip(graph: Graph, m: Morph, rng: np.random.Generator) -> _Plan:
-    _check_skip_endpoints(graph, m)
+    source = _check_skip_endpoints(graph, m)
     channels = graph.shape(m.target)[-1]
-    chain = _skip_projection(graph, m, channels)
-    nodes, new_ids = _insert_after(graph, m.target, chain, first_input=m.source, join=("add", m.target))
-    conv_id, c_in = new_ids[-2], graph.shape(m.source)[-1]
+    chain = _skip_projection(graph, m, source, channels)
+    nodes, new_ids = _insert_after(graph, m.target, chain, first_input=source, join=("add", m.target))
+    conv_id, c_in = new_ids[-2], graph.shape(source)[-1]
 
     def finish(weights: Weights, rng: np.random.Generator) -> Weights:
         return {**weights, conv_id: [np.zeros((1, 1, c_in, channels), np.float32)]}
@@ -499,16 +501,16 @@ def _add_skip(graph: Graph, m: Morph, rng: np.random.Generator) -> _Plan:
 
 
 def _concat_skip(graph: Graph, m: Morph, rng: np.random.Generator) -> _Plan:
-    _check_skip_endpoints(graph, m)
+    source = _check_skip_endpoints(graph, m)
     target_shape = graph.shape(m.target)
     old_c = target_shape[-1]
     extra = m.size or max(1, old_c // 2)
     if extra > MAX_CHANNELS:
         raise _Refused(f"concat_skip: {extra} new channels exceed {MAX_CHANNELS}")
-    chain = [*_skip_projection(graph, m, extra), ("bn", {}), ("act", {"fn": "relu"})]
-    nodes, new_ids = _insert_after(graph, m.target, chain, first_input=m.source, join=("concat", m.target))
+    chain = [*_skip_projection(graph, m, source, extra), ("bn", {}), ("act", {"fn": "relu"})]
+    nodes, new_ids = _insert_after(graph, m.target, chain, first_input=source, join=("concat", m.target))
     conv_id, bn_id, cat_id = new_ids[-4], new_ids[-3], new_ids[-1]
-    c_in = graph.shape(m.source)[-1]
+    c_in = graph.shape(source)[-1]
     new_shapes = {cat_id: target_shape}
 
     def shape_of(node_id: int) -> tuple[int, ...]:  # shapes before the expansion
@@ -540,6 +542,14 @@ _APPLY: dict[str, Callable[[Graph, Morph, np.random.Generator], _Plan]] = {
 }
 
 
+@overload
+def apply_morph(
+    graph: Graph, morph: Morph, weights: Weights, rng: np.random.Generator | int | None = None
+) -> tuple[Graph, Weights]: ...
+@overload
+def apply_morph(
+    graph: Graph, morph: Morph, weights: None = None, rng: np.random.Generator | int | None = None
+) -> tuple[Graph, None]: ...
 def apply_morph(
     graph: Graph, morph: Morph, weights: Weights | None = None, rng: np.random.Generator | int | None = None
 ) -> tuple[Graph, Weights | None]:

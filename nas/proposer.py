@@ -9,6 +9,7 @@ trial's end with ``final=True``; failed or cancelled trials are dropped with
 
 from __future__ import annotations
 
+import enum
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,7 +17,13 @@ from typing import Any
 from nas.graph import Graph
 from nas.morph import Morph
 
-TRIAL_KINDS = ("seed", "arch", "tune")
+
+class TrialKind(enum.StrEnum):
+    """Why a trial was proposed; recorded as ``trial_start.kind`` (a plain string in the ledger)."""
+
+    SEED = "seed"  # the seed architecture, trained first
+    ARCH = "arch"  # a new architecture: morphs of an earlier trial's
+    TUNE = "tune"  # an earlier architecture again, with hyperparameters from TPE
 
 
 @dataclass
@@ -30,7 +37,7 @@ class TrialProposal:
     """
 
     graph: Graph
-    kind: str
+    kind: TrialKind
     hparams: dict[str, Any]
     parent: str | None = None
     inherit: str | None = None

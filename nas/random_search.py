@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from nas.errors import NasError
 from nas.graph import Graph
 from nas.morph import Morph, random_morph
 
@@ -98,6 +99,13 @@ class ArchitectureStatus:
     status: str
     value: float | None = None
     progress: float = 1.0
+
+    @property
+    def measured(self) -> float:
+        """The accuracy of a final or partial result (a pending architecture has none)."""
+        if self.value is None:
+            raise NasError(f"a {self.status} architecture has no measured accuracy")
+        return self.value
 
 
 def grow(

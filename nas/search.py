@@ -36,7 +36,7 @@ from nas.graph import Graph
 from nas.hpo import HyperparameterSpace, HyperparameterTuner, normalise_hparams
 from nas.limits import Limits
 from nas.morph import Morph, apply_morph
-from nas.proposer import HPARAM_KEYS, Proposer, TrialProposal
+from nas.proposer import HPARAM_KEYS, Proposer, TrialKind, TrialProposal
 from nas.random_search import (
     ArchitectureStatus,
     ArchitectureStrategy,
@@ -49,6 +49,7 @@ from nas.random_search import (
 TUNE_CANDIDATES = 3  # lineages considered for re-tuning: the best three
 TUNE_RESAMPLES = 3  # TPE samples tried when a sampled kernel makes the graph exceed the limits
 STARTUP_ATTEMPTS = 32
+_KINDS = frozenset(TrialKind)  # restore() takes kinds read back from a ledger as plain strings
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,13 @@ class _Trial:
     @property
     def progress(self) -> float:
         return min(1.0, self.partials / max(1, self.proposal.epochs))
+
+    @property
+    def result(self) -> float:
+        """The trial's value, which a final trial always has."""
+        if self.value is None:
+            raise NasError(f"trial {self.id} has no result yet")
+        return self.value
 
 
 @dataclass
@@ -173,9 +181,13 @@ class AutoMLSearch(Proposer):
     def ask(self, trial_id: str) -> TrialProposal:
         if trial_id in self._trials:
             raise NasError(f"trial id {trial_id} was already proposed")
+        proposal: TrialProposal | None
         if self._seed_trial is None:
             proposal = TrialProposal(
-                self.seed_graph, "seed", dict(self.settings.default_hparams), info={"reason": "the seed architecture"}
+                self.seed_graph,
+                TrialKind.SEED,
+                dict(self.settings.default_hparams),
+                info={"reason": "the seed architecture"},
             )
         else:
             self._asks += 1
@@ -218,9 +230,9 @@ class AutoMLSearch(Proposer):
         if trial_id in self._trials:
             raise NasError(f"trial id {trial_id} is restored twice")
         proposal = replace(proposal, hparams=normalise_hparams(proposal.hparams))
-        if proposal.kind not in ("seed", "arch", "tune"):
+        if proposal.kind not in _KINDS:
             raise NasError(f"trial {trial_id}: unknown kind {proposal.kind!r}")
-        if proposal.kind != "seed" or self._seed_trial is not None:
+        if proposal.kind != TrialKind.SEED or self._seed_trial is not None:
             self._asks += 1
         self._register(trial_id, proposal)
         if value is not None:
@@ -245,7 +257,7 @@ class AutoMLSearch(Proposer):
         info["origin_accuracy"] = child.origin.value
         hparams = dict(self._trials[best_trial].proposal.hparams)
         return TrialProposal(
-            child.graph, "arch", hparams, parent=best_trial, inherit=best_trial, morphs=child.morphs, info=info
+            child.graph, TrialKind.ARCH, hparams, parent=best_trial, inherit=best_trial, morphs=child.morphs, info=info
         )
 
     def _startup_child(self) -> TrialProposal | None:
@@ -259,7 +271,7 @@ class AutoMLSearch(Proposer):
             if grown is not None and not self._taken(grown[0].key()):
                 return TrialProposal(
                     grown[0],
-                    "arch",
+                    TrialKind.ARCH,
                     hparams,
                     parent=self._seed_trial,
                     inherit=None,
@@ -289,7 +301,7 @@ class AutoMLSearch(Proposer):
             if graph is not None and self.limits.admits(graph):
                 return TrialProposal(
                     graph,
-                    "tune",
+                    TrialKind.TUNE,
                     hparams,
                     parent=root.parent,
                     inherit=root.inherit,
@@ -303,7 +315,7 @@ class AutoMLSearch(Proposer):
     def _register(self, trial_id: str, proposal: TrialProposal) -> None:
         key = proposal.graph.key()
         signature = _lineage(proposal.parent, proposal.morphs)
-        if proposal.kind == "tune":
+        if proposal.kind == TrialKind.TUNE:
             root = self._roots.get(signature)
             self._tunes += 1
             if root is not None:
@@ -311,7 +323,7 @@ class AutoMLSearch(Proposer):
         else:
             root = trial_id
             self._roots.setdefault(signature, trial_id)
-            if proposal.kind == "seed" and self._seed_trial is None:
+            if proposal.kind == TrialKind.SEED and self._seed_trial is None:
                 self._seed_trial = trial_id
         trial = self._trials[trial_id] = _Trial(trial_id, proposal, key, root)
         self._by_key.setdefault(key, _Architecture()).running.append(trial_id)
@@ -319,7 +331,7 @@ class AutoMLSearch(Proposer):
 
     def _completed(self, trial: _Trial) -> None:
         assert trial.value is not None
-        if trial.proposal.kind != "tune":
+        if trial.proposal.kind != TrialKind.TUNE:
             self._done_order[trial.id] = len(self._done_order)
             self._tunes_per_root.setdefault(trial.id, 0)
             for waiting in self._waiting_tpe.pop(trial.id, []):
@@ -356,7 +368,7 @@ class AutoMLSearch(Proposer):
         if root is None or root.state != "final":
             self.tuner.fail(trial.id)  # no baseline to measure the gain against
             return
-        gain = float(trial.value) - float(root.value)
+        gain = trial.result - root.result
         if self.tuner.is_running(trial.id):
             self.tuner.tell(trial.id, gain)
         else:  # restored from the ledger
@@ -399,8 +411,8 @@ class AutoMLSearch(Proposer):
         done = [t for t in self._trials.values() if t.state == "final"]
         if not done:
             return None
-        top = max(done, key=lambda t: t.value)
-        return top.id, float(top.value)
+        top = max(done, key=lambda t: t.result)
+        return top.id, top.result
 
 
 def make_proposer(settings: SearchSettings, seed_graph: Graph, limits: Limits) -> Proposer:

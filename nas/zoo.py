@@ -8,6 +8,7 @@ networks whose published multiply-add counts validate the FLOP counter.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from nas.errors import NasError
 from nas.graph import Graph, GraphBuilder
@@ -128,7 +129,7 @@ def mobilenet_v1(input_shape: Sequence[int] = (224, 224, 3), num_classes: int = 
 
 def by_name(name: str, input_shape: Sequence[int] | None = None, num_classes: int | None = None) -> Graph:
     """Look up a zoo architecture by name (``small_resnet``, ``resnet50``, ``vgg16``, ``mobilenet_v1``)."""
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     if input_shape is not None:
         kwargs["input_shape"] = tuple(input_shape)
     if num_classes is not None:

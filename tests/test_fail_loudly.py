@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from aiperf.cluster.messages import BadImagesReport
 from aiperf.cluster.pool import PoolEvent
 from aiperf.cluster.sim_pool import HybridClock, SimulatedWorkerPool
 from aiperf.config import load_config
@@ -112,9 +113,8 @@ def test_skipped_images_over_the_limit_fail_the_run_naming_them(tmp_path):
     master = Master(settings, make_search(cfg, zoo.small_resnet((8, 8, 1), 10), 64), pool, ledger, WeightStore(4))
 
     def report(worker, files, **extra):
-        master._handle(
-            [PoolEvent("bad_images", worker, "t00000", data={"files": files, "epoch_count": len(files), **extra})]
-        )
+        report = BadImagesReport(files=files, epoch_count=len(files), **extra)
+        master._handle([PoolEvent("bad_images", worker, "t00000", report=report)])
 
     report("w00000", ["train/a/1.JPEG", "val/b/2.JPEG"])
     report("w00001", ["val/b/2.JPEG"])  # the same file from another worker: no new record
@@ -138,8 +138,8 @@ def test_a_worker_that_saw_too_many_bad_images_in_one_epoch_fails_the_run(tmp_pa
     master = Master(
         settings, make_search(cfg, zoo.small_resnet((8, 8, 1), 10), 64), pool, LedgerWriter(tmp_path), WeightStore(4)
     )
-    data = {"files": ["x.JPEG"], "epoch_count": 400 if over else 1, "over_limit": over}
-    master._handle([PoolEvent("bad_images", "w00000", "t00000", data=data)])
+    report = BadImagesReport(files=["x.JPEG"], epoch_count=400 if over else 1, over_limit=over)
+    master._handle([PoolEvent("bad_images", "w00000", "t00000", report=report)])
     assert (master.failure is not None) == over
     if over:
         assert master.failure.startswith("400 of 100,000 images cannot be decoded")

@@ -20,21 +20,33 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from aiperf.cluster.messages import EventKind, TrialMessage
 from aiperf.cluster.plan import Plan, Slot, make_plan
+from aiperf.cluster.worker import TrialWorker, WorkerSettings
+
+if TYPE_CHECKING:
+    from aiperf.cluster.resources import NodeInfo
+    from aiperf.config import Config
+    from aiperf.datasets.base import Dataset
 
 logger = logging.getLogger(__name__)
 
-EVENT_KINDS = ("ready", "start_failed", "start", "epoch", "bad_images", "done", "failed", "lost")
 MAX_START_ATTEMPTS = 3
 
 
 @dataclass
 class PoolEvent:
-    """Something that happened on a worker; ``data`` is the worker's record for it."""
+    """Something that happened on a worker.
 
-    kind: str
+    ``report`` is the trial's message for ``start``, ``epoch``, ``bad_images`` and ``done``;
+    ``data`` is what is known about the worker for ``ready`` (its own description),
+    ``lost`` and ``start_failed`` (its node and host). A kind that is not an
+    :class:`EventKind` raises here, where the event is made, not in the master.
+    """
+
+    kind: EventKind
     worker: str
     trial: str | None = None
     attempt: int = 0
@@ -42,6 +54,10 @@ class PoolEvent:
     error: str = ""
     started: bool = False  # for failed/lost: whether the trial had begun on the worker
     worker_lost: bool = False  # failed because the worker (process or node) is gone, not the trial's fault
+    report: TrialMessage | None = None
+
+    def __post_init__(self) -> None:
+        self.kind = EventKind(self.kind)  # ValueError for a misspelt kind
 
 
 class WorkerPool(ABC):
@@ -156,13 +172,12 @@ class _Worker:
 class RayWorkerPool(WorkerPool):
     """Workers are Ray actors placed by the plan; trials stream their epochs back as generators."""
 
-    def __init__(self, cfg: Any, dataset: Any, nodes: list[Any], resync_s: float = 10.0) -> None:
+    def __init__(self, cfg: Config, dataset: Dataset, nodes: list[NodeInfo], resync_s: float = 10.0) -> None:
         import ray
-
-        from aiperf.cluster.worker import TrialWorker
 
         self._ray = ray
         self._cfg = cfg
+        self._settings = WorkerSettings.from_config(cfg)
         self._dataset_ref = ray.put(dataset)
         self._actor_cls = ray.remote(max_restarts=0)(TrialWorker)
         self._workers: dict[str, _Worker] = {}
@@ -183,37 +198,19 @@ class RayWorkerPool(WorkerPool):
     def _start_workers(self, slots: list[Slot]) -> None:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        cfg = self._cfg
-        train = {
-            "bn_momentum": cfg.model.bn_momentum,
-            "momentum": cfg.train.momentum,
-            "eval_batch_size": cfg.train.eval_batch_size,
-            "max_batch_size": cfg.train.max_batch_size,
-            "decode_threads": cfg.dataset.decode_threads,
-            "max_bad_fraction": cfg.dataset.max_bad_fraction,
-            "shuffle_buffer": cfg.dataset.shuffle_buffer,
-        }
         for slot in slots:
             worker_id = f"w{next(self._ids):04d}"
             key = (slot.node_id, slot.index)
             self._start_attempts[key] = self._start_attempts.get(key, 0) + 1
-            threads = max(1, round(slot.cpus))
             actor = self._actor_cls.options(
                 num_cpus=slot.cpus,
                 num_gpus=slot.gpus,
                 name=None,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(slot.node_id, soft=False),
-            ).remote(
-                worker_id,
-                self._dataset_ref,
-                cfg.model.backend,
-                cfg.model.precision,
-                cfg.model.jit_compile,
-                threads,
-                train,
-                int(slot.gpus) if slot.gpus >= 2 else 1,
-            )
-            self._workers[worker_id] = _Worker(worker_id, slot, actor, actor.info.remote())
+            ).remote(worker_id, self._dataset_ref, self._settings.for_slot(slot))
+            # Ray types a handle's methods as the class's own; on a handle they are actor methods with .remote.
+            info_ref = actor.info.remote()  # type: ignore[attr-defined]
+            self._workers[worker_id] = _Worker(worker_id, slot, actor, info_ref)
             self._refresh_free(self._workers[worker_id])
 
     def sync(self) -> list[PoolEvent]:
@@ -291,11 +288,11 @@ class RayWorkerPool(WorkerPool):
     def worker_info(self, worker: str) -> dict[str, Any]:
         return self._workers[worker].info
 
-    def _lose(self, w: _Worker, why: str, kind: str = "lost") -> list[PoolEvent]:
+    def _lose(self, w: _Worker, why: str, kind: EventKind = EventKind.LOST) -> list[PoolEvent]:
         """The worker is gone: its queued trials fail as worker losses (the master re-queues them)."""
         w.alive = False
         events = [
-            PoolEvent("failed", w.worker_id, t.trial, t.attempt, error=why, started=t.started, worker_lost=True)
+            PoolEvent(EventKind.FAILED, w.worker_id, t.trial, t.attempt, error=why, started=t.started, worker_lost=True)
             for t in w.tasks
         ]
         w.tasks.clear()
@@ -338,9 +335,9 @@ class RayWorkerPool(WorkerPool):
                 try:
                     w.info = ray.get(item)
                     self._refresh_free(w)
-                    events.append(PoolEvent("ready", w.worker_id, data=w.info))
+                    events.append(PoolEvent(EventKind.READY, w.worker_id, data=w.info))
                 except Exception as exc:
-                    events.extend(self._lose(w, _first_line(exc), kind="start_failed"))
+                    events.extend(self._lose(w, _first_line(exc), kind=EventKind.START_FAILED))
                 continue
             events.extend(self._drain(w, task))
         return events
@@ -366,7 +363,7 @@ class RayWorkerPool(WorkerPool):
 
                 if isinstance(exc, (ActorDiedError, RayActorError, ActorUnavailableError)):
                     if not w.info:  # it died in __init__: a start failure, whichever of its refs failed first
-                        events.extend(self._lose(w, _first_line(exc), kind="start_failed"))
+                        events.extend(self._lose(w, _first_line(exc), kind=EventKind.START_FAILED))
                     else:
                         events.extend(self._lose(w, f"worker died: {_first_line(exc)}"))
                 else:
@@ -374,7 +371,7 @@ class RayWorkerPool(WorkerPool):
                     self._refresh_free(w)
                     events.append(
                         PoolEvent(
-                            "failed",
+                            EventKind.FAILED,
                             w.worker_id,
                             task.trial,
                             task.attempt,
@@ -383,11 +380,13 @@ class RayWorkerPool(WorkerPool):
                         )
                     )
                 break
-            kind = item.get("type")
-            if kind == "start":
+            message: TrialMessage = item
+            if message.kind is EventKind.START:
                 task.started = True
-            events.append(PoolEvent(kind, w.worker_id, task.trial, task.attempt, data=item, started=task.started))
-            if kind == "done":
+            events.append(
+                PoolEvent(message.kind, w.worker_id, task.trial, task.attempt, report=message, started=task.started)
+            )
+            if message.kind is EventKind.DONE:
                 w.tasks.remove(task)
                 self._refresh_free(w)
                 break
@@ -416,7 +415,7 @@ class RayWorkerPool(WorkerPool):
         return stats
 
 
-def _fitting(wanted: list[Slot], held: list[Slot], nodes: list[Any]) -> list[Slot]:
+def _fitting(wanted: list[Slot], held: list[Slot], nodes: list[NodeInfo]) -> list[Slot]:
     """The wanted slots that fit next to the workers already holding resources on each node.
 
     A re-plan can reshape a node's slots (e.g. oversubscribe the survivors when a node

@@ -158,7 +158,9 @@ def start_ray(
         _set_cluster_mode(**restore)
         raise AiperfError(f"cannot start a local Ray instance: {_first_line(exc)}") from None
     protect_token_file()
-    return RaySession(info.address_info.get("gcs_address", "local"), local=True, _restore=restore)
+    # ray.init is annotated as returning BaseContext; a local start returns a RayContext, which has address_info.
+    address = info.address_info.get("gcs_address", "local")  # type: ignore[attr-defined]
+    return RaySession(address, local=True, _restore=restore)
 
 
 def protect_token_file() -> None:

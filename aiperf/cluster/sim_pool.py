@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from aiperf.cluster.messages import EpochReport, EventKind, TrialDone, TrialStarted
 from aiperf.cluster.plan import Plan, Slot
 from aiperf.cluster.pool import FreeWorkers, PoolEvent, WorkerPool
 from aiperf.training.trial import TrialSpec
@@ -148,14 +149,14 @@ class SimulatedWorkerPool(WorkerPool):
             events.extend(self._kill(wid))
         return events
 
-    def _kill(self, wid: str, why: str = "simulated worker death", kind: str = "lost") -> list[PoolEvent]:
+    def _kill(self, wid: str, why: str = "simulated worker death", kind: EventKind = EventKind.LOST) -> list[PoolEvent]:
         w = self._workers[wid]
         if not w.alive:
             return []
         w.alive = False
         now = self.clock()
         events = [
-            PoolEvent("failed", wid, t.trial, t.attempt, error=why, started=t.start <= now, worker_lost=True)
+            PoolEvent(EventKind.FAILED, wid, t.trial, t.attempt, error=why, started=t.start <= now, worker_lost=True)
             for t in w.queue
         ]
         w.queue.clear()
@@ -222,9 +223,9 @@ class SimulatedWorkerPool(WorkerPool):
                 w.started_at = self.clock()
                 cause = self.fail_start(w.worker_id) if self.fail_start is not None else None
                 if cause:
-                    events.extend(self._kill(w.worker_id, cause, kind="start_failed"))
+                    events.extend(self._kill(w.worker_id, cause, kind=EventKind.START_FAILED))
                 else:
-                    events.append(PoolEvent("ready", w.worker_id, data=self.worker_info(w.worker_id)))
+                    events.append(PoolEvent(EventKind.READY, w.worker_id, data=self.worker_info(w.worker_id)))
             return events
         now = self.clock()
         if self._events and self._events[0][0] > now:
@@ -241,13 +242,19 @@ class SimulatedWorkerPool(WorkerPool):
             if not w.alive or task not in w.queue:
                 continue
             if kind == "start":
-                events.append(PoolEvent("start", wid, task.trial, task.attempt, data={"type": "start"}, started=True))
+                started = TrialStarted(worker=wid)
+                events.append(PoolEvent(EventKind.START, wid, task.trial, task.attempt, report=started, started=True))
             elif kind == "epoch" and self.failure_fn is not None and self.failure_fn(task.spec):
                 w.queue.remove(task)  # the trial raised during training: the worker itself survives
                 self._refresh_free(w)
                 events.append(
                     PoolEvent(
-                        "failed", wid, task.trial, task.attempt, error=self.failure_fn(task.spec) or "", started=True
+                        EventKind.FAILED,
+                        wid,
+                        task.trial,
+                        task.attempt,
+                        error=self.failure_fn(task.spec) or "",
+                        started=True,
                     )
                 )
             elif kind == "epoch":
@@ -260,30 +267,29 @@ class SimulatedWorkerPool(WorkerPool):
                 w.last_step_end = event_t
                 events.append(
                     PoolEvent(
-                        "epoch",
+                        EventKind.EPOCH,
                         wid,
                         task.trial,
                         task.attempt,
                         started=True,
-                        data={
-                            "type": "epoch",
-                            "epoch": epoch,
-                            "train_images": self.images[0],
-                            "eval_images": self.images[1],
-                            "train_acc": acc,
-                            "train_loss": 1.0 - acc,
-                            "val_acc": acc,
-                            "val_loss": 1.0 - acc,
-                            "train_s": task.epoch_s * 0.9,
-                            "eval_s": task.epoch_s * 0.1,
-                            "data_wait_s": 0.0,
-                            "input": "simulated",
-                            "batch_size": int(task.spec.hparams["batch_size"]),
-                            "precision": "float32",
-                            "oom_retries": 0,
-                            "weights": {},
-                            **({"idle_before_s": idle} if idle is not None else {}),
-                        },
+                        report=EpochReport(
+                            epoch=epoch,
+                            train_images=self.images[0],
+                            eval_images=self.images[1],
+                            train_acc=acc,
+                            train_loss=1.0 - acc,
+                            val_acc=acc,
+                            val_loss=1.0 - acc,
+                            train_s=task.epoch_s * 0.9,
+                            eval_s=task.epoch_s * 0.1,
+                            data_wait_s=0.0,
+                            input="simulated",
+                            batch_size=int(task.spec.hparams["batch_size"]),
+                            precision="float32",
+                            oom_retries=0,
+                            weights={},
+                            idle_before_s=idle,
+                        ),
                     )
                 )
             else:
@@ -292,21 +298,20 @@ class SimulatedWorkerPool(WorkerPool):
                 best = max(float(self.accuracy_fn(task.spec, e)) for e in range(1, task.spec.epochs + 1))
                 events.append(
                     PoolEvent(
-                        "done",
+                        EventKind.DONE,
                         wid,
                         task.trial,
                         task.attempt,
                         started=True,
-                        data={
-                            "type": "done",
-                            "weights": {},
-                            "startup_s": self.startup_s,
-                            "first_step_s": None,
-                            "best_val_acc": best,
-                            "batch_size": int(task.spec.hparams["batch_size"]),
-                            "requested_batch_size": int(task.spec.hparams["batch_size"]),
-                            "precision": "float32",
-                        },
+                        report=TrialDone(
+                            weights={},
+                            startup_s=self.startup_s,
+                            first_step_s=None,
+                            best_val_acc=best,
+                            batch_size=int(task.spec.hparams["batch_size"]),
+                            requested_batch_size=int(task.spec.hparams["batch_size"]),
+                            precision="float32",
+                        ),
                     )
                 )
         return events

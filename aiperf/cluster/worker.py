@@ -16,31 +16,72 @@ import socket
 import time
 import zlib
 from collections.abc import Iterator
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Literal
 
+from aiperf.cluster.messages import BadImagesReport, EpochReport, TrialDone, TrialMessage, TrialStarted
 from aiperf.datasets.base import Dataset
 from aiperf.training.trial import TrialSpec, Weights
 
+if TYPE_CHECKING:
+    from aiperf.cluster.plan import Slot
+    from aiperf.config import Config
+
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerSettings:
+    """Everything a worker needs from the run's config and its slot, in one picklable value.
+
+    The pool computes the config's part once (:meth:`from_config`) and each slot's share of
+    threads and devices (:meth:`for_slot`); the worker turns it into its trainer's settings
+    once the device it runs on is known. No config-derived field has a default of its own:
+    the config's defaults are the only ones.
+    """
+
+    backend: str
+    precision: str  # model.precision: auto or a Keras dtype policy
+    jit: str  # model.jit_compile: auto | on | off
+    bn_momentum: float
+    momentum: float
+    eval_batch_size: int
+    max_batch_size: int
+    decode_threads: int | Literal["auto"]
+    max_bad_fraction: float
+    shuffle_buffer: int
+    threads: int = 1  # CPU threads of this worker's slot
+    data_parallel: int = 1  # devices one trial trains on (per_node placement)
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> WorkerSettings:
+        """The run-wide part, the same for every worker."""
+        return cls(
+            backend=cfg.model.backend,
+            precision=cfg.model.precision,
+            jit=cfg.model.jit_compile,
+            bn_momentum=cfg.model.bn_momentum,
+            momentum=cfg.train.momentum,
+            eval_batch_size=cfg.train.eval_batch_size,
+            max_batch_size=cfg.train.max_batch_size,
+            decode_threads=cfg.dataset.decode_threads,
+            max_bad_fraction=cfg.dataset.max_bad_fraction,
+            shuffle_buffer=cfg.dataset.shuffle_buffer,
+        )
+
+    def for_slot(self, slot: Slot) -> WorkerSettings:
+        """These settings for a worker holding ``slot``: its CPU threads and data-parallel devices."""
+        return replace(self, threads=max(1, round(slot.cpus)), data_parallel=int(slot.gpus) if slot.gpus >= 2 else 1)
 
 
 class TrialWorker:
     """Plain class; the pool wraps it with ``ray.remote`` (so this module never needs Ray)."""
 
-    def __init__(
-        self,
-        worker_id: str,
-        dataset: Dataset,
-        backend: str,
-        precision: str,
-        jit: str,
-        threads: int,
-        train: dict[str, Any],
-        data_parallel: int = 1,
-    ) -> None:
+    def __init__(self, worker_id: str, dataset: Dataset, settings: WorkerSettings) -> None:
         t0 = time.monotonic()
         from aiperf.training.backend import choose_jit, choose_precision, configure_process, describe_device, versions
 
+        backend, threads = settings.backend, settings.threads
         configure_process(backend, threads)
         from aiperf.training.trainer import TrainerSettings, TrialRunner
 
@@ -52,24 +93,24 @@ class TrialWorker:
         self.worker_id = worker_id
         self.backend = backend
         self.device = describe_device(backend)
-        self.precision = choose_precision(precision, self.device)
-        settings = TrainerSettings(
+        self.precision = choose_precision(settings.precision, self.device)
+        trainer = TrainerSettings(
             precision=self.precision,
-            jit_compile=choose_jit(jit, backend, self.device),
-            bn_momentum=float(train.get("bn_momentum", 0.9)),
-            momentum=float(train.get("momentum", 0.9)),
-            eval_batch_size=int(train.get("eval_batch_size", 512)),
-            max_batch_size=int(train.get("max_batch_size", 4096)),
+            jit_compile=choose_jit(settings.jit, backend, self.device),
+            bn_momentum=settings.bn_momentum,
+            momentum=settings.momentum,
+            eval_batch_size=settings.eval_batch_size,
+            max_batch_size=settings.max_batch_size,
             device_memory_bytes=int(self.device.memory_bytes) if self.device.kind == "gpu" else 0,
-            data_parallel=max(1, int(data_parallel)),
-            decode_threads=_decode_threads(train.get("decode_threads", "auto"), threads),
-            max_bad_fraction=float(train.get("max_bad_fraction", 0.001)),
-            shuffle_buffer=int(train.get("shuffle_buffer", 8192)),
+            data_parallel=max(1, settings.data_parallel),
+            decode_threads=_decode_threads(settings.decode_threads, threads),
+            max_bad_fraction=settings.max_bad_fraction,
+            shuffle_buffer=settings.shuffle_buffer,
         )
-        self.runner = TrialRunner(dataset, settings, backend)
+        self.runner = TrialRunner(dataset, trainer, backend)
         self.versions = versions(backend)
         self.threads = threads
-        self.decode_threads = settings.decode_threads
+        self.decode_threads = trainer.decode_threads
         self.ready_at = time.monotonic()
         self.init_s = self.ready_at - t0
         self.busy_s = 0.0
@@ -101,28 +142,37 @@ class TrialWorker:
 
     def run_trial(
         self, spec: dict[str, Any], parent_weights: Weights | None = None, resume_weights: Weights | None = None
-    ) -> Iterator[dict[str, Any]]:
-        """Train one trial; yields a start marker, one record per epoch, then the final weights.
+    ) -> Iterator[TrialMessage]:
+        """Train one trial; yields a start marker, one report per epoch, then the final weights.
 
-        The first epoch record carries ``idle_before_s``: the time between this worker's
+        The first epoch report carries ``idle_before_s``: the time between this worker's
         previous training/eval step and this trial's first step (build, compile, weight
         surgery, clean-up and Ray's hand-over), the idle time a long-lived worker cannot hide.
+        The trainer's items are dicts (its own interface, used alone by tests and benchmarks);
+        here they become the typed messages the master reads, and an item the messages do not
+        describe is an error rather than a field silently dropped.
         """
-        yield {"type": "start", "worker": self.worker_id}
+        yield TrialStarted(worker=self.worker_id)
         first = True
         for item in self.runner.run(TrialSpec.from_dict(spec), parent_weights, resume_weights):
-            if item["type"] == "epoch":
+            kind = item.pop("type")
+            if kind == "epoch":
                 begin, end = item.pop("window")
+                report = EpochReport(**item)
                 if first and self.last_step_end is not None:
-                    item["idle_before_s"] = begin - self.last_step_end
-                    self.gaps.append(item["idle_before_s"])
+                    report.idle_before_s = begin - self.last_step_end
+                    self.gaps.append(report.idle_before_s)
                 first = False
                 self.last_step_end = end
-                self.busy_s += item["train_s"] + item["eval_s"]
-            elif item["type"] == "done":
+                self.busy_s += report.train_s + report.eval_s
+                yield report
+            elif kind == "done":
                 self.trials += 1
-                item["worker_stats"] = self.stats()
-            yield item
+                yield TrialDone(**item, worker_stats=self.stats())
+            elif kind == "bad_images":
+                yield BadImagesReport(**item)
+            else:
+                raise ValueError(f"the trainer yielded an item of unknown type {kind!r}")
 
     def stats(self) -> dict[str, Any]:
         alive = time.monotonic() - self.ready_at
@@ -143,6 +193,6 @@ class TrialWorker:
         }
 
 
-def _decode_threads(setting: int | str, threads: int) -> int:
+def _decode_threads(setting: int | Literal["auto"], threads: int) -> int:
     """``dataset.decode_threads``: a number, or ``auto`` -- the worker's CPU share (at least one)."""
     return max(1, threads) if setting == "auto" else max(1, int(setting))

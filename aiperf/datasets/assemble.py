@@ -117,10 +117,11 @@ def in_memory_dataset(
     """
     x_train, y_train = train[0][plan.train], train[1][plan.train]
     x_val, y_val = val[0][plan.val], val[1][plan.val]
+    height, width, channels = (int(d) for d in x_train.shape[1:])  # (N, H, W, C) images
     dataset = Dataset(
         name=name,
         num_classes=num_classes,
-        input_shape=tuple(int(d) for d in x_train.shape[1:]),
+        input_shape=(height, width, channels),
         x_train=np.ascontiguousarray(x_train, dtype=np.uint8),
         y_train=y_train.astype(np.int32),
         x_val=np.ascontiguousarray(x_val, dtype=np.uint8),

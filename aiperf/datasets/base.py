@@ -79,6 +79,12 @@ class Dataset:
     def streaming(self) -> bool:
         return self.x_train is None
 
+    def resident(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``(x_train, y_train, x_val, y_val)`` of a dataset held in memory; a streamed one has none."""
+        if self.x_train is None or self.y_train is None or self.x_val is None or self.y_val is None:
+            raise ValueError(f"{self.name}: a streamed dataset has no arrays in memory")
+        return self.x_train, self.y_train, self.x_val, self.y_val
+
     @property
     def train_size(self) -> int:
         if self.y_train is not None:
@@ -106,7 +112,7 @@ class Dataset:
         h = hashlib.sha256()
         h.update(f"{self.pixel_scale!r};{self.pixel_offset!r};".encode())
         if not self.streaming:
-            for arr in (self.x_train, self.y_train, self.x_val, self.y_val):
+            for arr in self.resident():
                 h.update(f"{arr.dtype}{arr.shape};".encode())
                 h.update(np.ascontiguousarray(arr).tobytes())
         elif self.train_shards is not None:
@@ -128,8 +134,9 @@ class Dataset:
         if self.streaming:
             train = {p for p, _ in self.train_files or []}
             return sum(1 for p, _ in self.val_files or [] if p in train)
-        train = {hashlib.blake2b(row.tobytes(), digest_size=16).digest() for row in self.x_train}
-        return sum(1 for row in self.x_val if hashlib.blake2b(row.tobytes(), digest_size=16).digest() in train)
+        x_train, _, x_val, _ = self.resident()
+        seen = {hashlib.blake2b(row.tobytes(), digest_size=16).digest() for row in x_train}
+        return sum(1 for row in x_val if hashlib.blake2b(row.tobytes(), digest_size=16).digest() in seen)
 
     def describe(self) -> dict[str, Any]:
         """The facts about the data that go into the ledger's run header."""

@@ -16,7 +16,7 @@ import numpy as np
 
 from aiperf.errors import AiperfError
 
-_TYPES = {
+_TYPES: dict[int, np.dtype] = {
     0x08: np.dtype(np.uint8),
     0x09: np.dtype(np.int8),
     0x0B: np.dtype(">i2"),

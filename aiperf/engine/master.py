@@ -23,15 +23,18 @@ import itertools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from aiperf.cluster.messages import BadImagesReport, EpochReport, EventKind, TrialDone
 from aiperf.cluster.pool import PoolEvent, WorkerPool
 from aiperf.datasets.bad_images import over_limit, too_many_bad_images
 from aiperf.engine.progress import Progress
 from aiperf.engine.weights import WeightStore
 from aiperf.metrics.flops import GraphCost, aiperf_compatible_operations, count_flops, epoch_operations
 from aiperf.record.ledger import LedgerWriter
-from aiperf.training.trial import TrialSpec, apply_hparams
+from aiperf.record.schema import RecordType, RunStatus, TrialStatus
+from aiperf.training.trial import TrialSpec, Weights, apply_hparams
+from nas.graph import Graph
 from nas.proposer import Proposer, TrialProposal
 from nas.serialize import graph_to_dict
 
@@ -47,15 +50,15 @@ class TrialState:
     proposal: TrialProposal
     cost: GraphCost
     seed: int
+    graph: Graph  # the architecture as trained: the proposal's with the trial's dropout rate applied
     attempt: int = 0
     epochs_done: int = 0
-    checkpoint: Any = None  # weights after the last completed epoch (for a re-queue)
+    checkpoint: Weights | None = None  # weights after the last completed epoch (for a re-queue)
     started: bool = False  # the current attempt has begun on its worker
     recorded: bool = False  # a trial_start is in the ledger, so the trial must get a trial_end
     worker: str | None = None
     best: float | None = None
     inherit: str | None = None  # the trial whose weights it actually starts from
-    graph: Any = None  # the architecture as trained: the proposal's with the trial's dropout rate applied
 
 
 @dataclass
@@ -101,7 +104,7 @@ class _Failure:
 
 @dataclass
 class RunOutcome:
-    status: str  # completed | interrupted | failed
+    status: RunStatus
     reason: str
     trials_started: int = 0
     trials_completed: int = 0
@@ -149,6 +152,16 @@ class Master:
         self.epochs_counted = 0
         self.epochs_before = epochs_before  # counted by earlier sessions of a resumed run
         self.bad_images: set[str] = set()
+        self._handlers: dict[EventKind, Callable[[PoolEvent], None]] = {
+            EventKind.READY: self._on_ready,
+            EventKind.START_FAILED: self._on_start_failed,
+            EventKind.START: self._on_start,
+            EventKind.EPOCH: self._on_epoch,
+            EventKind.BAD_IMAGES: self._on_bad_images,
+            EventKind.DONE: self._on_done,
+            EventKind.FAILED: self._on_failed,
+            EventKind.LOST: self._on_lost,
+        }
 
     # -- control ---------------------------------------------------------------------------------
     def request_stop(self, reason: str) -> None:
@@ -169,15 +182,15 @@ class Master:
         # freezing it removes 50-120 ms generation-2 pauses from the proposal path.
         gc.collect()
         gc.freeze()
-        status, reason = "completed", "time budget reached"
+        status, reason = RunStatus.COMPLETED, "time budget reached"
         try:
             while True:
                 now = self.clock()
                 if self.failure is not None:
-                    status, reason = "failed", self.failure
+                    status, reason = RunStatus.FAILED, self.failure
                     break
                 if self.stop_requested is not None:
-                    status, reason = "interrupted", self.stop_requested
+                    status, reason = RunStatus.INTERRUPTED, self.stop_requested
                     break
                 if now >= self.settings.time_budget_s:
                     break
@@ -196,10 +209,10 @@ class Master:
                     running = sum(1 for st in self.active.values() if st.started)
                     self.progress.maybe_print(self.clock(), running, len(self.active) - running)
         except KeyboardInterrupt:
-            status, reason = "interrupted", "interrupted by the user"
-        if status == "completed" and self.epochs_counted == 0 and self.epochs_before == 0:
+            status, reason = RunStatus.INTERRUPTED, "interrupted by the user"
+        if status is RunStatus.COMPLETED and self.epochs_counted == 0 and self.epochs_before == 0:
             # A run that counted nothing has no score: it failed, however cleanly it ended.
-            status, reason = "failed", self._nothing_trained()
+            status, reason = RunStatus.FAILED, self._nothing_trained()
         self._finish()
         return RunOutcome(status, reason, self.proposed, self.completed, self.worker_stats)
 
@@ -217,7 +230,7 @@ class Master:
         proposal = self.proposer.ask(trial_id)
         graph = apply_hparams(proposal.graph, proposal.hparams)  # what the worker will build
         seed = self.settings.seed * 100_003 + self.proposed
-        state = TrialState(trial_id, proposal, count_flops(graph), seed=seed, graph=graph)
+        state = TrialState(trial_id, proposal, count_flops(graph), seed, graph)
         self.trials[trial_id] = state
         return state
 
@@ -230,7 +243,7 @@ class Master:
         elif p.inherit is not None and p.inherit in self.weights and p.inherit in self.trials:
             parent_ref = self.weights.shared(p.inherit, self.pool.put)
             inherit = p.inherit
-        parent_graph = graph_to_dict(self.trials[p.inherit].graph) if inherit else None
+        parent_graph = graph_to_dict(self.trials[inherit].graph) if inherit else None
         state.inherit = inherit if state.checkpoint is None else state.inherit
         spec = TrialSpec(
             trial_id=state.trial_id,
@@ -268,9 +281,10 @@ class Master:
         # on the strength of them (the ledger's durability contract, docs/ledger.md).
         with self.ledger.batch():
             for ev in events:
-                handler = getattr(self, f"_on_{ev.kind}", None)
-                if handler is not None:
-                    handler(ev)
+                handler = self._handlers.get(ev.kind)
+                if handler is None:  # a kind added to EventKind without a handler: never silently ignored
+                    raise ValueError(f"the master has no handler for pool event kind {ev.kind!r}")
+                handler(ev)
 
     def _on_ready(self, ev: PoolEvent) -> None:
         self.worker_ready_t.setdefault(ev.worker, self.clock())
@@ -284,7 +298,11 @@ class Master:
     def _on_start_failed(self, ev: PoolEvent) -> None:
         d = ev.data
         self.ledger.append(
-            "worker_failed", worker=ev.worker, node=d.get("node", ""), hostname=d.get("hostname", ""), cause=ev.error
+            RecordType.WORKER_FAILED,
+            worker=ev.worker,
+            node=d.get("node", ""),
+            hostname=d.get("hostname", ""),
+            cause=ev.error,
         )
         self.start_failures.append(_Failure(cause_key(ev.error), ev.worker, self._where(ev.worker, d), ev.error))
         self.retired.add(ev.worker)  # it never worked: no worker record with busy times
@@ -306,24 +324,24 @@ class Master:
         self.fail(f"no worker could start: {last.node}: {last.error}{others}")
 
     def _on_bad_images(self, ev: PoolEvent) -> None:
-        state = self.active.get(ev.trial)
-        d = ev.data
-        new = [name for name in d.get("files", []) if name not in self.bad_images]
+        state = self.active.get(ev.trial) if ev.trial is not None else None
+        d = _report(ev, BadImagesReport)
+        new = [name for name in d.files if name not in self.bad_images]
         self.bad_images.update(new)
         total, fraction = self.settings.dataset_images, self.settings.max_bad_fraction
-        count = max(len(self.bad_images), int(d.get("epoch_count", 0)))
-        over = bool(d.get("over_limit")) or (total > 0 and over_limit(count, total, fraction))
+        count = max(len(self.bad_images), int(d.epoch_count))
+        over = bool(d.over_limit) or (total > 0 and over_limit(count, total, fraction))
         if not new and not over:
             return  # another worker found the same files first
         info = self.pool.worker_info(ev.worker)
         self.ledger.append(
-            "bad_images",
+            RecordType.BAD_IMAGES,
             trial=ev.trial,
             worker=ev.worker,
             node=info.get("node", ""),
             files=new,
             count=len(self.bad_images),
-            epoch_count=d.get("epoch_count"),
+            epoch_count=d.epoch_count,
             over_limit=over,
         )
         if over and total > 0:
@@ -333,7 +351,7 @@ class Master:
             self.progress.note(f"{len(new)} image(s) cannot be decoded and are skipped, e.g. {new[0]}")
 
     def _on_start(self, ev: PoolEvent) -> None:
-        state = self.active.get(ev.trial)
+        state = self.active.get(ev.trial) if ev.trial is not None else None
         if state is None or state.attempt != ev.attempt:
             return
         now = self.clock()
@@ -343,7 +361,7 @@ class Master:
         p = state.proposal
         batch = int(p.hparams["batch_size"])
         self.ledger.append(
-            "trial_start",
+            RecordType.TRIAL_START,
             t=now,
             trial=state.trial_id,
             kind=p.kind,
@@ -366,97 +384,109 @@ class Master:
             node=info.get("node", ""),
             attempt=state.attempt,
             start_epoch=state.epochs_done if state.checkpoint is not None else 0,
+            seed=state.seed,  # the trial's training seed: `aiperf audit --retrain` trains it again
             info=p.info,
         )
 
     def _on_epoch(self, ev: PoolEvent) -> None:
-        state = self.active.get(ev.trial)
+        state = self.active.get(ev.trial) if ev.trial is not None else None
         if state is None or state.attempt != ev.attempt:
             return
-        d = ev.data
+        d = _report(ev, EpochReport)
         now = self.clock()
-        train_ops, eval_ops = epoch_operations(state.cost, d["train_images"], d["eval_images"], d["batch_size"])
-        aiperf_ops = aiperf_compatible_operations(state.graph, d["train_images"], d["eval_images"])
+        train_ops, eval_ops = epoch_operations(state.cost, d.train_images, d.eval_images, d.batch_size)
+        aiperf_ops = aiperf_compatible_operations(state.graph, d.train_images, d.eval_images)
         info = self.pool.worker_info(ev.worker)
         self.ledger.append(
-            "epoch",
+            RecordType.EPOCH,
             t=now,
             trial=state.trial_id,
-            epoch=d["epoch"],
+            epoch=d.epoch,
             attempt=state.attempt,
-            train_images=d["train_images"],
-            eval_images=d["eval_images"],
+            train_images=d.train_images,
+            eval_images=d.eval_images,
             train_ops=train_ops,
             eval_ops=eval_ops,
             ops=train_ops + eval_ops,
             aiperf_ops=aiperf_ops,
-            train_acc=d["train_acc"],
-            train_loss=d["train_loss"],
-            val_acc=d["val_acc"],
-            val_loss=d["val_loss"],
-            train_s=d["train_s"],
-            eval_s=d["eval_s"],
-            data_wait_s=d.get("data_wait_s"),
-            input=d.get("input"),
-            skipped_images=d.get("skipped_images", 0),
-            batch_size=d["batch_size"],
-            precision=d["precision"],
-            oom_retries=d.get("oom_retries", 0),
-            idle_before_s=d.get("idle_before_s"),
+            train_acc=d.train_acc,
+            train_loss=d.train_loss,
+            val_acc=d.val_acc,
+            val_loss=d.val_loss,
+            train_s=d.train_s,
+            eval_s=d.eval_s,
+            data_wait_s=d.data_wait_s,
+            input=d.input,
+            skipped_images=d.skipped_images,
+            batch_size=d.batch_size,
+            precision=d.precision,
+            oom_retries=d.oom_retries,
+            idle_before_s=d.idle_before_s,
             worker=ev.worker,
             node=info.get("node", ""),
         )
-        if d.get("idle_before_s") is not None:
-            self.worker_gaps.setdefault(ev.worker, []).append(d["idle_before_s"])
-        self.worker_busy[ev.worker] = self.worker_busy.get(ev.worker, 0.0) + d["train_s"] + d["eval_s"]
-        state.epochs_done = d["epoch"]
+        if d.idle_before_s is not None:
+            self.worker_gaps.setdefault(ev.worker, []).append(d.idle_before_s)
+        self.worker_busy[ev.worker] = self.worker_busy.get(ev.worker, 0.0) + d.train_s + d.eval_s
+        state.epochs_done = d.epoch
         self.epochs_counted += 1
         self.failure_streak.clear()
-        if "weights" in d:
-            state.checkpoint = d["weights"]
-        state.best = d["val_acc"] if state.best is None else max(state.best, d["val_acc"])
+        if d.weights is not None:
+            state.checkpoint = d.weights
+        state.best = d.val_acc if state.best is None else max(state.best, d.val_acc)
         self.proposer.tell(state.trial_id, state.best, final=False)
         if self.progress is not None:
-            self.progress.epoch(train_ops + eval_ops, d["val_acc"], now)
+            self.progress.epoch(train_ops + eval_ops, d.val_acc, now)
 
     def _on_done(self, ev: PoolEvent) -> None:
-        state = self.active.pop(ev.trial, None)
+        state = self.active.pop(ev.trial, None) if ev.trial is not None else None
         if state is None or state.attempt != ev.attempt:
             return
-        d = ev.data
+        d = _report(ev, TrialDone)
         now = self.clock()
-        if d.get("worker_stats"):
-            self.worker_stats[ev.worker] = d["worker_stats"]
+        if d.worker_stats:
+            self.worker_stats[ev.worker] = d.worker_stats
         state.checkpoint = None
-        if d.get("first_step_s") is not None:
-            self.worker_compile[ev.worker] = self.worker_compile.get(ev.worker, 0.0) + d["first_step_s"]
+        if d.first_step_s is not None:
+            self.worker_compile[ev.worker] = self.worker_compile.get(ev.worker, 0.0) + d.first_step_s
         best = state.best if state.best is not None else 0.0
         self.ledger.append(
-            "trial_end",
+            RecordType.TRIAL_END,
             t=now,
             trial=state.trial_id,
-            status="completed",
+            status=TrialStatus.COMPLETED,
             reason="",
             attempt=state.attempt,
             epochs=state.epochs_done,
             best_val_acc=state.best,
-            startup_s=d.get("startup_s"),
-            first_step_s=d.get("first_step_s"),
-            batch_size=d.get("batch_size"),
-            requested_batch_size=d.get("requested_batch_size"),
+            startup_s=d.startup_s,
+            first_step_s=d.first_step_s,
+            batch_size=d.batch_size,
+            requested_batch_size=d.requested_batch_size,
             worker=ev.worker,
         )
-        self.weights.put(state.trial_id, d["weights"], best)
+        saved = self.weights.saved(state.trial_id) if self.weights.put(state.trial_id, d.weights, best) else None
+        if saved is not None:  # the file's hash, for `aiperf audit`: these are the weights after the last epoch
+            self.ledger.append(
+                RecordType.WEIGHTS,
+                t=now,
+                trial=state.trial_id,
+                attempt=state.attempt,
+                epoch=state.epochs_done,
+                file=saved.file,
+                sha256=saved.sha256,
+                bytes=saved.size,
+            )
         self.completed += 1
         self.proposer.tell(state.trial_id, best, final=True)
         if self.progress is not None:
             self.progress.trial_done()
 
     def _on_failed(self, ev: PoolEvent) -> None:
-        state = self.active.get(ev.trial)
+        state = self.active.get(ev.trial) if ev.trial is not None else None
         if state is None or state.attempt != ev.attempt:
             return
-        del self.active[ev.trial]
+        del self.active[state.trial_id]
         now = self.clock()
         if ev.worker_lost and not state.started:
             self.retry_queue.append(state)  # never began: simply run it elsewhere
@@ -467,7 +497,7 @@ class Master:
                 state.epochs_done = 0
             state.attempt += 1
             self.ledger.append(
-                "requeue",
+                RecordType.REQUEUE,
                 t=now,
                 trial=state.trial_id,
                 attempt=state.attempt,
@@ -477,9 +507,9 @@ class Master:
             )
             self.retry_queue.append(state)
             return
-        status = "lost" if ev.worker_lost else "failed"
+        status = TrialStatus.LOST if ev.worker_lost else TrialStatus.FAILED
         self.ledger.append(
-            "trial_end",
+            RecordType.TRIAL_END,
             t=now,
             trial=state.trial_id,
             status=status,
@@ -528,7 +558,7 @@ class Master:
         gaps = sorted(self.worker_gaps.get(worker, []))
         info = self.pool.worker_info(worker)
         self.ledger.append(
-            "worker",
+            RecordType.WORKER,
             t=now,
             worker=worker,
             node=info.get("node", ""),
@@ -566,10 +596,10 @@ class Master:
                     else "the run ended before its re-queued attempt could start; its completed epochs are counted"
                 )
                 self.ledger.append(
-                    "trial_end",
+                    RecordType.TRIAL_END,
                     t=now,
                     trial=state.trial_id,
-                    status="stopped",
+                    status=TrialStatus.STOPPED,
                     reason=reason,
                     attempt=state.attempt,
                     epochs=state.epochs_done,
@@ -584,3 +614,15 @@ class Master:
             self.worker_stats[worker] = stats
         for worker in self.worker_ready_t:
             self._record_worker(worker, retired_because="run ended")
+
+
+_Message = TypeVar("_Message", EpochReport, TrialDone, BadImagesReport)
+
+
+def _report(ev: PoolEvent, expected: type[_Message]) -> _Message:
+    """The event's trial message, which must be of the kind its event says (a pool bug otherwise)."""
+    if not isinstance(ev.report, expected):
+        raise TypeError(
+            f"a {ev.kind} event from {ev.worker} carries {type(ev.report).__name__}, not {expected.__name__}"
+        )
+    return ev.report

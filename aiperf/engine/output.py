@@ -115,7 +115,8 @@ class Output:
         # The interpreter flushes sys.stdout/sys.stderr once more at exit; a broken pipe there
         # would print "Exception ignored ..." and change the exit status to 120. Point the
         # descriptor at /dev/null so that last flush (of what is still buffered) succeeds.
-        if stream is sys.stdout or stream is sys.stderr or stream is sys.__stdout__ or stream is sys.__stderr__:
+        standard = (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)
+        if stream is not None and any(stream is s for s in standard):
             with contextlib.suppress(OSError, ValueError, AttributeError):
                 devnull = os.open(os.devnull, os.O_WRONLY)
                 os.dup2(devnull, stream.fileno())

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from aiperf.config import Config, config_from_dict
 from aiperf.datasets import Dataset, load_dataset
@@ -27,11 +27,18 @@ from aiperf.engine.weights import WeightStore
 from aiperf.errors import AiperfError, excerpt, os_error
 from aiperf.record.files import remove_temporaries
 from aiperf.record.ledger import LEDGER_NAME, LedgerWriter, read_ledger
+from aiperf.record.schema import RecordType, RunStatus, TrialStatus
 from nas.errors import NasError
 from nas.graph import Graph
 from nas.morph import Morph
-from nas.proposer import TrialProposal
+from nas.proposer import Proposer, TrialProposal
 from nas.serialize import graph_from_dict
+
+if TYPE_CHECKING:
+    from aiperf.cluster.resources import NodeInfo
+    from aiperf.engine.master import Master
+    from aiperf.record.runlock import RunLock
+    from nas.search import SearchSettings
 
 WEIGHTS_DIR = "weights"
 
@@ -84,19 +91,19 @@ def software_versions(backend: str) -> dict[str, str]:
     return out
 
 
-def _search_settings(cfg: Config, plan_batch: int) -> Any:
+def _search_settings(cfg: Config, plan_batch: int) -> SearchSettings:
     from nas.hpo import HyperparameterSpace
     from nas.search import SearchSettings
 
     h = cfg.hpo
     batch_sizes = sorted({b for b in h.batch_sizes if b <= cfg.train.max_batch_size}) or [plan_batch]
     space = HyperparameterSpace(
-        learning_rate=tuple(h.learning_rate),
-        weight_decay=tuple(h.weight_decay),
-        dropout=tuple(h.dropout),
+        learning_rate=h.learning_rate,
+        weight_decay=h.weight_decay,
+        dropout=h.dropout,
         batch_sizes=tuple(batch_sizes),
         kernel_sizes=tuple(h.kernel_sizes),
-        epochs=tuple(h.epochs),
+        epochs=h.epochs,
     )
     defaults = {
         "learning_rate": cfg.train.learning_rate,
@@ -120,7 +127,7 @@ def _search_settings(cfg: Config, plan_batch: int) -> Any:
     )
 
 
-def make_search(cfg: Config, seed_graph: Graph, plan_batch: int) -> Any:
+def make_search(cfg: Config, seed_graph: Graph, plan_batch: int) -> Proposer:
     """The proposer for this config: BO or random architecture search interleaved with TPE."""
     from aiperf.metrics.flops import count_flops
     from nas.limits import Limits
@@ -154,7 +161,7 @@ class _Signals:
     """SIGTERM asks the master to stop cleanly; a second one exits at once."""
 
     def __init__(self) -> None:
-        self.master: Any = None
+        self.master: Master | None = None
         self.count = 0
 
     def __enter__(self) -> _Signals:
@@ -176,7 +183,7 @@ class _Signals:
         signal.signal(signal.SIGTERM, self._old)
 
 
-def _system(nodes: list[Any]) -> dict[str, Any]:
+def _system(nodes: list[NodeInfo]) -> dict[str, Any]:
     return {"head": platform.node(), "platform": platform.platform(), "nodes": [n.to_dict() for n in nodes]}
 
 
@@ -216,11 +223,11 @@ def read_resumable(run_dir: Path) -> list[dict[str, Any]]:
     from aiperf.record.schema import check_shapes
 
     records = read_ledger(run_dir, repair=True)
-    if not records or records[0].get("type") != "run_start":
+    if not records or records[0].get("type") != RecordType.RUN_START:
         raise AiperfError(f"{run_dir}: not a run directory (its ledger has no run_start record)")
     check_shapes(records, run_dir / LEDGER_NAME)
-    stops = [r for r in records if r["type"] in ("run_stop", "resume")]
-    if stops and stops[-1]["type"] == "run_stop" and stops[-1]["status"] == "completed":
+    stops = [r for r in records if r["type"] in (RecordType.RUN_STOP, RecordType.RESUME)]
+    if stops and stops[-1]["type"] == RecordType.RUN_STOP and stops[-1]["status"] == RunStatus.COMPLETED:
         raise AiperfError(
             f"{run_dir}: this run already completed ({excerpt(stops[-1].get('reason'), 80)}); nothing to resume"
         )
@@ -291,7 +298,7 @@ def _run(
     warn: Callable[[str], None],
     run_dir: Path | None,
     previous: list[dict[str, Any]],
-    locks: list[Any],
+    locks: list[RunLock],
 ) -> tuple[Path, dict[str, Any]]:
     """The run itself; a new run's directory is created and locked here (its lock appended to ``locks``)."""
     from aiperf.cluster.plan import format_plan
@@ -353,7 +360,7 @@ def _run(
         ledger.on_warning = warn
         if previous:
             ledger.append(
-                "resume",
+                RecordType.RESUME,
                 gap_s=offset - previous[-1]["t"],
                 from_seq=previous[-1]["seq"],
                 plan=plan.to_dict(),
@@ -361,9 +368,9 @@ def _run(
             )
             for trial in unfinished:  # their in-memory checkpoints died with the old master
                 ledger.append(
-                    "trial_end",
+                    RecordType.TRIAL_END,
                     trial=trial,
-                    status="lost",
+                    status=TrialStatus.LOST,
                     reason="the master stopped while it ran",
                     epochs=None,
                     best_val_acc=None,
@@ -371,7 +378,7 @@ def _run(
                 proposer.forget(trial)
         else:
             ledger.append(
-                "run_start",
+                RecordType.RUN_START,
                 run_id=run_id,
                 config=cfg.to_dict(),
                 versions=software_versions(cfg.model.backend),
@@ -381,7 +388,7 @@ def _run(
                 rules=cfg.rules.model_dump(),
                 seed_architecture=seed_graph.to_dict(),
             )
-        _attach_observers(run_dir, ledger, cfg)
+        _attach_observers(run_dir, ledger)
         print(
             f"aiperf: run {run_id}: searching for {cfg.run.time_budget_s:g} s; ledger {run_dir / LEDGER_NAME}",
             file=out,
@@ -397,9 +404,9 @@ def _run(
             weights,
             progress,
             first_trial=first_trial,
-            epochs_before=sum(1 for r in previous if r["type"] == "epoch"),
+            epochs_before=sum(1 for r in previous if r["type"] == RecordType.EPOCH),
         )
-        master.bad_images.update(f for r in previous if r["type"] == "bad_images" for f in r.get("files", []))
+        master.bad_images.update(f for r in previous if r["type"] == RecordType.BAD_IMAGES for f in r.get("files", []))
         telemetry = TelemetryRecorder(run_dir, cfg.run.telemetry_interval_s)
         telemetry.on_warning = warn
         with _Signals() as signals:
@@ -410,12 +417,14 @@ def _run(
             except BaseException as exc:
                 if ledger.broken is None:
                     with contextlib.suppress(AiperfError):
-                        ledger.append("run_stop", status="failed", reason=f"{type(exc).__name__}: {exc}"[:500])
+                        ledger.append(
+                            RecordType.RUN_STOP, status=RunStatus.FAILED, reason=f"{type(exc).__name__}: {exc}"[:500]
+                        )
                 raise
             finally:
                 telemetry.stop()
         progress.close()
-        ledger.append("run_stop", status=outcome.status, reason=outcome.reason)
+        ledger.append(RecordType.RUN_STOP, status=outcome.status, reason=outcome.reason)
         ledger.close()
     finally:
         session.shutdown()
@@ -444,7 +453,7 @@ def _reason(exc: BaseException) -> str:
     return exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
 
 
-def _restore(records: list[dict[str, Any]], proposer: Any, weights: WeightStore) -> tuple[int, list[str]]:
+def _restore(records: list[dict[str, Any]], proposer: Proposer, weights: WeightStore) -> tuple[int, list[str]]:
     """Replay a ledger into a fresh proposer; returns the next trial number and the unfinished trials.
 
     The records have passed :func:`~aiperf.record.schema.check_shapes`; what can still be
@@ -455,14 +464,14 @@ def _restore(records: list[dict[str, Any]], proposer: Any, weights: WeightStore)
     best: dict[str, float] = {}
     final: dict[str, str] = {}
     for r in records:
-        if r["type"] == "trial_start":
+        if r["type"] == RecordType.TRIAL_START:
             starts.setdefault(r["trial"], r)
-        elif r["type"] == "epoch":
+        elif r["type"] == RecordType.EPOCH:
             best[r["trial"]] = max(best.get(r["trial"], 0.0), r["val_acc"])
-        elif r["type"] == "trial_end":
+        elif r["type"] == RecordType.TRIAL_END:
             final[r["trial"]] = r["status"]
     for trial, rec in starts.items():
-        done = final.get(trial) == "completed"
+        done = final.get(trial) == TrialStatus.COMPLETED
         try:
             proposer.restore(trial, _proposal_from_record(rec), best.get(trial), done)
             if trial in final and not done:  # failed, lost or stopped: no longer pending
@@ -473,17 +482,17 @@ def _restore(records: list[dict[str, Any]], proposer: Any, weights: WeightStore)
                 f"cannot resume: the ledger's seq {rec['seq']} (trial_start {excerpt(trial)}) "
                 f"cannot be replayed: {detail}"
             ) from None
-    weights.reload({t: best.get(t, 0.0) for t, s in final.items() if s == "completed"})
+    weights.reload({t: best.get(t, 0.0) for t, s in final.items() if s == TrialStatus.COMPLETED})
     numbers = [int(t[1:]) for t in starts if t[1:].isdigit() and len(t) < 12]
     unfinished = [t for t in starts if t not in final]
     return max(numbers, default=-1) + 1, unfinished
 
 
-def _attach_observers(run_dir: Path, ledger: LedgerWriter, cfg: Config) -> None:
+def _attach_observers(run_dir: Path, ledger: LedgerWriter) -> None:
     """Hook the per-record writers (the MLPerf-style log) onto the ledger."""
     from aiperf.record.mllog import attach as attach_mllog
 
-    attach_mllog(run_dir, ledger, cfg)
+    attach_mllog(run_dir, ledger)
 
 
 def _after_run(run_dir: Path, out: Output) -> None:

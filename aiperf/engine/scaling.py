@@ -32,6 +32,7 @@ import pandas as pd
 from aiperf.config import Config, load_config
 from aiperf.errors import AiperfError
 from aiperf.metrics.score import format_ops
+from nas.graph import Graph
 
 TABLE_COLUMNS = [
     "nodes",
@@ -64,7 +65,7 @@ def simulate_run(
     cfg: Config,
     nodes: int,
     run_dir: str | Path,
-    seed_graph: Any,
+    seed_graph: Graph,
     dataset: dict[str, Any],
     sim: SimulationSettings | None = None,
 ) -> dict[str, Any]:
@@ -80,6 +81,7 @@ def simulate_run(
     from aiperf.engine.weights import WeightStore
     from aiperf.record.ledger import LedgerWriter
     from aiperf.record.mllog import attach as attach_mllog
+    from aiperf.record.schema import RecordType
     from aiperf.record.summary import write_summary
 
     sim = sim or SimulationSettings()
@@ -100,7 +102,7 @@ def simulate_run(
     proposer = make_search(cfg, seed_graph, batch)
     with LedgerWriter(run_dir) as ledger:
         ledger.append(
-            "run_start",
+            RecordType.RUN_START,
             t=0.0,
             run_id=Path(run_dir).name,
             config=cfg.to_dict(),
@@ -117,11 +119,11 @@ def simulate_run(
             rules=cfg.rules.model_dump(),
             seed_architecture=seed_graph.to_dict(),
         )
-        attach_mllog(run_dir, ledger, cfg)
+        attach_mllog(run_dir, ledger)
         settings = MasterSettings.from_config(cfg)
         master = Master(settings, proposer, pool, ledger, WeightStore(cfg.cluster.keep_weights), clock=clock)
         outcome = master.run()
-        ledger.append("run_stop", t=clock(), status=outcome.status, reason=outcome.reason)
+        ledger.append(RecordType.RUN_STOP, t=clock(), status=outcome.status, reason=outcome.reason)
     return write_summary(run_dir)
 
 

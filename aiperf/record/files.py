@@ -85,7 +85,7 @@ def remove_temporaries(folder: str | Path) -> list[Path]:
     Also the fixed names older versions used (``summary.json.tmp``, ``t00012.tmp.npz``).
     """
     folder = Path(folder)
-    removed = []
+    removed: list[Path] = []
     try:
         candidates = list(folder.iterdir())
     except OSError:

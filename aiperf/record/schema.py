@@ -7,12 +7,14 @@ end deep inside one of them as a ``TypeError``. So every record is checked again
 fields those readers use -- their types, and ranges where arithmetic or a date conversion
 would overflow -- and the first problem is reported as one line naming the record and the
 field. A field is required only where a reader cannot do without it; the others are checked
-when present. Fields no reader uses, and record types this version does not know, pass
-unchecked, so newer writers can add to the format.
+when present. Each model declares every field its writers emit (docs/ledger.md lists them,
+and a test holds the two together); fields no model declares, and record types this version
+does not know, pass unchecked, so newer writers can add to the format.
 """
 
 from __future__ import annotations
 
+import enum
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -29,6 +31,42 @@ Positive = Annotated[int, Field(ge=1, le=MAX_COUNT)]
 Quantity = Annotated[float, Field(ge=0, le=MAX_QUANTITY)]
 Number = Annotated[float, Field(ge=-MAX_QUANTITY, le=MAX_QUANTITY)]
 Fraction = Annotated[float, Field(ge=0, le=1)]
+
+
+# The names the writers put into records. They are StrEnums, so a record written with them
+# serialises to exactly the bytes (and hash) of one written with the plain strings, and a
+# reader may compare a string read back from a ledger with them directly.
+class RecordType(enum.StrEnum):
+    """The ``type`` of a ledger record (docs/ledger.md, Record types)."""
+
+    RUN_START = "run_start"
+    TRIAL_START = "trial_start"
+    EPOCH = "epoch"
+    TRIAL_END = "trial_end"
+    REQUEUE = "requeue"
+    WORKER = "worker"
+    WORKER_FAILED = "worker_failed"
+    BAD_IMAGES = "bad_images"
+    WEIGHTS = "weights"
+    RESUME = "resume"
+    RUN_STOP = "run_stop"
+
+
+class TrialStatus(enum.StrEnum):
+    """How a trial attempt ended (``trial_end.status``)."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"  # it raised; the run goes on
+    LOST = "lost"  # its worker or the master died and it was not re-queued
+    STOPPED = "stopped"  # the run ended while it trained or waited to be re-queued
+
+
+class RunStatus(enum.StrEnum):
+    """How a session of the run ended (``run_stop.status``)."""
+
+    COMPLETED = "completed"
+    INTERRUPTED = "interrupted"
+    FAILED = "failed"  # the run could not train (docs/cluster.md, Faults)
 
 
 class _Shape(BaseModel):
@@ -110,6 +148,7 @@ class RunStart(_Record):
     rules: _Rules = _Rules()
     versions: dict[str, Any] = {}
     system: dict[str, Any] = {}
+    seed_architecture: dict[str, Any] | None = None
 
 
 class _Flops(_Shape):
@@ -145,6 +184,7 @@ class TrialStart(_Record):
     node: str | None = None
     attempt: Count = 0
     start_epoch: Count = 0
+    seed: Annotated[int, Field(ge=-MAX_COUNT, le=MAX_COUNT)] | None = None  # training seed (`aiperf audit --retrain`)
     info: dict[str, Any] = {}
 
 
@@ -169,6 +209,8 @@ class Epoch(_Record):
     input: str | None = None
     skipped_images: Count = 0
     precision: str
+    oom_retries: Count = 0
+    idle_before_s: Number | None = None
     worker: str | None = None
     node: str | None = None
 
@@ -183,6 +225,8 @@ class TrialEnd(_Record):
     worker: str | None = None
     startup_s: Quantity | None = None
     first_step_s: Quantity | None = None
+    batch_size: Positive | None = None
+    requested_batch_size: Positive | None = None
 
 
 class Requeue(_Record):
@@ -190,6 +234,7 @@ class Requeue(_Record):
     attempt: Count | None = None
     from_epoch: Count | None = None
     reason: str | None = None
+    worker: str | None = None
 
 
 class _IdleGaps(_Shape):
@@ -208,6 +253,9 @@ class Worker(_Record):
     steady_busy_fraction: Quantity | None = None
     idle_gaps: _IdleGaps = _IdleGaps()
     decode_threads: Positive | None = None
+    precision: str | None = None
+    init_s: Quantity | None = None
+    worker_reported: dict[str, Any] | None = None
     retired: str | None = None
 
 
@@ -231,6 +279,8 @@ class BadImages(_Record):
 class Resume(_Record):
     gap_s: Quantity | None = None
     from_seq: Count | None = None
+    plan: dict[str, Any] = {}
+    system: dict[str, Any] = {}
 
 
 class RunStop(_Record):
@@ -238,17 +288,29 @@ class RunStop(_Record):
     reason: str | None = None
 
 
+class WeightsFile(_Record):
+    """A weights file the master wrote (``aiperf audit`` re-evaluates it and checks its hash)."""
+
+    trial: str
+    attempt: Count = 0
+    epoch: Positive  # the epoch after which these weights were taken
+    file: str  # relative to the run directory: weights/<trial>.npz
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    bytes: Count
+
+
 SHAPES: dict[str, type[_Record]] = {
-    "run_start": RunStart,
-    "trial_start": TrialStart,
-    "epoch": Epoch,
-    "trial_end": TrialEnd,
-    "requeue": Requeue,
-    "worker": Worker,
-    "resume": Resume,
-    "run_stop": RunStop,
-    "worker_failed": WorkerFailed,
-    "bad_images": BadImages,
+    RecordType.RUN_START: RunStart,
+    RecordType.TRIAL_START: TrialStart,
+    RecordType.EPOCH: Epoch,
+    RecordType.TRIAL_END: TrialEnd,
+    RecordType.REQUEUE: Requeue,
+    RecordType.WORKER: Worker,
+    RecordType.RESUME: Resume,
+    RecordType.RUN_STOP: RunStop,
+    RecordType.WORKER_FAILED: WorkerFailed,
+    RecordType.BAD_IMAGES: BadImages,
+    RecordType.WEIGHTS: WeightsFile,
 }
 
 

@@ -44,7 +44,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from aiperf.errors import AiperfError
 from aiperf.record.files import read_regular
@@ -382,7 +382,7 @@ class TelemetryRecorder:
 # --- reading and summarising ----------------------------------------------------------------
 
 
-def _number(value: Any, low: float = 0.0, high: float = 1e300) -> bool:
+def _number(value: Any, low: float = 0.0, high: float = 1e300) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= high
 
 

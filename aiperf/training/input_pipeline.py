@@ -88,6 +88,10 @@ class TrainInput:
         # A generator, as the streamed input on these backends: Keras peeks at its first batches and trains them.
         return {"x": self._numpy_batches(epoch), "shuffle": False}
 
+    def surely_bad(self) -> np.ndarray:
+        """Images the last epoch could not decode: none, the arrays are decoded already (as the streamed input's)."""
+        return np.empty(0, np.int64)
+
     def stats(self) -> dict[str, Any]:
         """What the last epoch trained on: steps, images, seconds waiting for batches (nothing is skipped)."""
         if self._counters is not None:

@@ -53,7 +53,11 @@ def _cannot(layer: Any, why: str) -> AiperfError:
 
 
 def _pair(value: Any) -> tuple[int, int]:
-    return (value, value) if isinstance(value, int) else tuple(int(v) for v in value)
+    """A Keras kernel size, stride or pool size (an int or two of them) as two ints."""
+    if isinstance(value, int):
+        return (value, value)
+    first, second = (int(v) for v in value)
+    return (first, second)
 
 
 class _Importer:

@@ -224,7 +224,7 @@ class TrainStream:
         self.dataset = dataset
         self.source = source_for(dataset, "train", shuffle_buffer)
         self.batch, self.seed, self.threads, self.bad_limit = int(batch), int(seed), max(1, threads), bad_limit
-        self.size = tuple(int(d) for d in dataset.input_shape[:2])
+        self.size = (int(dataset.input_shape[0]), int(dataset.input_shape[1]))  # (height, width)
         self.steps = max(1, self.source.size // self.batch)  # planned: skipped images can make it fewer
         self.images = self.steps * self.batch
         self.counters = _Counters(self.tf, self.source.capacity)
@@ -343,7 +343,7 @@ class EvalStream:
         self.tf = import_tensorflow(backend)
         self.source = source_for(dataset, "val", 1)
         self.batch, self.threads = int(batch), max(1, threads)
-        self.size = tuple(int(d) for d in dataset.input_shape[:2])
+        self.size = (int(dataset.input_shape[0]), int(dataset.input_shape[1]))  # (height, width)
 
     def _pipeline(self) -> Any:
         from aiperf.training.image_ops import eval_image

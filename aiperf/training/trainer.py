@@ -20,7 +20,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -32,6 +32,9 @@ from aiperf.training.input_pipeline import TrainInput, eval_batch_size, predict_
 from aiperf.training.model import build_model, get_weights, set_weights
 from aiperf.training.stream_input import TOO_MANY_BAD
 from aiperf.training.trial import TrialSpec, Weights, apply_hparams, inherit_weights
+
+if TYPE_CHECKING:
+    from aiperf.training.stream_input import TrainStream
 
 ACTIVATION_MEMORY_FRACTION = 0.6
 
@@ -110,10 +113,11 @@ class TrialRunner:
         self.reported_bad: set[str] = set()  # names already sent to the master by this worker
 
     # -- input ---------------------------------------------------------------------------------
-    def _train_feed(self, batch: int, seed: int) -> Any:
+    def _train_feed(self, batch: int, seed: int) -> TrainInput | TrainStream:
         ds, s = self.dataset, self.settings
         if not ds.streaming:
-            return TrainInput(ds.x_train, ds.y_train, batch, seed, self.backend)
+            x_train, y_train, _, _ = ds.resident()
+            return TrainInput(x_train, y_train, batch, seed, self.backend)
         from aiperf.training.stream_input import TrainStream
 
         return TrainStream(ds, batch, seed, self.backend, s.decode_threads, self.bad_limit, s.shuffle_buffer)
@@ -122,7 +126,8 @@ class TrialRunner:
         """(logits, labels, skipped validation indices) over the whole validation split."""
         ds = self.dataset
         if not ds.streaming:
-            return predict_all(model, ds.x_val, batch), ds.y_val, np.empty(0, np.int64)
+            _, _, x_val, y_val = ds.resident()
+            return predict_all(model, x_val, batch), y_val, np.empty(0, np.int64)
         from aiperf.training.stream_input import EvalStream
 
         logits, labels, skipped, _ = EvalStream(ds, batch, self.backend, self.settings.decode_threads).predict(model)
@@ -247,7 +252,7 @@ class TrialRunner:
                         hist = model.fit(**feed.fit_kwargs(epoch), epochs=1, verbose=0, callbacks=[timer.callback])
                     break
                 except Exception as exc:
-                    failed = feed.surely_bad() if feed.streaming else np.empty(0, np.int64)
+                    failed = feed.surely_bad()
                     if len(failed) > self.bad_limit or TOO_MANY_BAD in str(exc):
                         # The pipeline stopped the epoch: more images than allowed surely failed to decode.
                         count = max(len(failed), self.bad_limit + 1)
@@ -348,5 +353,6 @@ def evaluate_weights(dataset: Dataset, graph: Any, weights: Weights, settings: T
     """Validation accuracy of given weights (used by tests and by the verify tooling)."""
     runner = TrialRunner(dataset, settings)
     model = runner._build(graph, weights)
-    logits = predict_all(model, dataset.x_val, eval_batch_size(dataset.val_size, settings.eval_batch_size))
-    return float(np.mean(np.argmax(logits, axis=-1) == dataset.y_val))
+    _, _, x_val, y_val = dataset.resident()
+    logits = predict_all(model, x_val, eval_batch_size(dataset.val_size, settings.eval_batch_size))
+    return float(np.mean(np.argmax(logits, axis=-1) == y_val))

@@ -1,0 +1,94 @@
+"""What a worker tells the master: the pool's event kinds and the messages a trial streams back.
+
+A trial's worker sends :class:`TrialStarted` when it begins, one :class:`EpochReport` per
+completed epoch, :class:`BadImagesReport` when it found images it cannot decode, and
+:class:`TrialDone` with the final weights. They cross the Ray boundary (pickled), so they
+are plain data classes with slots: nothing to import on the master beyond this module, and
+attribute access instead of string keys that a typo would turn into a silent ``None``.
+
+:class:`EventKind` names everything a :class:`~aiperf.cluster.pool.WorkerPool` can report;
+the master maps each kind to one handler and refuses any other.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from aiperf.training.trial import Weights
+
+
+class EventKind(enum.StrEnum):
+    """What happened on a worker (the ``kind`` of a :class:`~aiperf.cluster.pool.PoolEvent`)."""
+
+    READY = "ready"  # the worker started and described itself
+    START_FAILED = "start_failed"  # the worker could not start (backend, device, dataset)
+    START = "start"  # a trial began on its worker
+    EPOCH = "epoch"  # a trial completed an epoch
+    BAD_IMAGES = "bad_images"  # a trial found images that cannot be decoded
+    DONE = "done"  # a trial completed
+    FAILED = "failed"  # a trial raised, or was lost with its worker
+    LOST = "lost"  # the worker (process or node) is gone
+
+
+@dataclass(kw_only=True, slots=True)
+class TrialStarted:
+    """The worker began the trial (its queue reached it)."""
+
+    kind: ClassVar[EventKind] = EventKind.START
+    worker: str
+
+
+@dataclass(kw_only=True, slots=True)
+class EpochReport:
+    """One completed epoch as the worker measured it; the master counts its operations."""
+
+    kind: ClassVar[EventKind] = EventKind.EPOCH
+    epoch: int  # 1-based, counting the epochs of earlier attempts
+    train_images: int  # images actually trained on (undecodable ones excluded)
+    eval_images: int
+    train_acc: float
+    train_loss: float
+    val_acc: float
+    val_loss: float
+    train_s: float  # device step time of the training pass
+    eval_s: float
+    batch_size: int  # the batch size actually used (after any out-of-memory halving)
+    precision: str  # the Keras dtype policy actually used
+    steps: int | None = None  # training steps (the simulator does not report them)
+    data_wait_s: float | None = None  # seconds of train_s spent waiting for input
+    input: str | None = None  # stream | memory (| simulated)
+    skipped_images: int = 0
+    oom_retries: int = 0
+    idle_before_s: float | None = None  # first epoch of a trial: the worker's idle time before it
+    weights: Weights | None = None  # the checkpoint for a re-queue (None: not checkpointed, e.g. the last epoch)
+
+
+@dataclass(kw_only=True, slots=True)
+class BadImagesReport:
+    """Images of the dataset this worker found undecodable and had not reported before."""
+
+    kind: ClassVar[EventKind] = EventKind.BAD_IMAGES
+    files: list[str]
+    epoch_count: int  # images skipped in the reporting epoch
+    over_limit: bool = False  # the share passed dataset.max_bad_fraction: the run must stop
+
+
+@dataclass(kw_only=True, slots=True)
+class TrialDone:
+    """The trial completed: its trained weights and what its start-up cost."""
+
+    kind: ClassVar[EventKind] = EventKind.DONE
+    weights: Weights
+    startup_s: float | None = None  # build + compile + weight load
+    first_step_s: float | None = None  # tracing/compilation plus one step
+    best_val_acc: float | None = None
+    batch_size: int | None = None
+    requested_batch_size: int | None = None
+    precision: str | None = None
+    worker_stats: dict[str, Any] | None = None  # the worker's own busy/idle accounting so far
+
+
+TrialMessage = TrialStarted | EpochReport | BadImagesReport | TrialDone
