@@ -3,17 +3,28 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections import Counter
 
 import pytest
 
 from aiperf.metrics.score import compute_score
 from aiperf.record.ledger import LedgerWriter, read_ledger
-from aiperf.record.mllog import MLLOG_NAME, PREFIX, attach, parse, render
+from aiperf.record.mllog import (
+    CHECKER_RULESET,
+    CHECKER_USAGE,
+    MLLOG_NAME,
+    PREFIX,
+    attach,
+    parse,
+    render,
+    write_checker_config,
+)
 
 HEADER_KEYS = ["submission_benchmark", "submission_org", "submission_division", "submission_status",
                "submission_platform", "number_of_nodes", "accelerators_per_node", "train_samples", "eval_samples",
-               "run_start", "run_stop"]  # fmt: skip
+               "run_start", "run_stop", "init_start", "init_stop", "cache_clear", "aiperf_workload"]  # fmt: skip
 
 
 def _events(lines):
@@ -32,7 +43,10 @@ def test_every_line_has_mlperfs_prefix_and_field_order(sim_run):
     assert {e["event_type"] for e in events} == {"INTERVAL_START", "INTERVAL_END", "POINT_IN_TIME"}
     records = {r["seq"]: r for r in read_ledger(sim_run)}
     for e in events:  # each line is stamped with the wall time of the ledger record it came from
-        assert e["time_ms"] == int(records[e["metadata"]["seq"]]["wall"] * 1000)
+        record = records[e["metadata"]["seq"]]
+        eval_ms = round(1000 * record["eval_s"]) if e["key"] == "eval_start" else 0  # it began eval_s earlier
+        assert e["time_ms"] == int(record["wall"] * 1000) - eval_ms
+        assert e["metadata"]["file"] == "aiperf/record/mllog.py"  # written by MLCommons' MLLogger
 
 
 def test_the_log_written_during_the_run_is_the_log_of_the_ledger(sim_run):
@@ -106,11 +120,11 @@ def test_lines_are_on_disk_as_soon_as_their_record_is_appended(tmp_path):
     _header(ledger)
     attach(tmp_path, ledger)
     keys = lambda: [parse(line)["key"] for line in path.read_text().splitlines()]  # noqa: E731
-    assert keys()[-1] == "run_start" and "accelerators_per_node" in keys()
+    assert keys()[-3:] == ["init_start", "init_stop", "run_start"] and "accelerators_per_node" in keys()
     _trial_start(ledger)
     assert keys()[-1] == "epoch_start"
     _epoch(ledger, 1)
-    assert keys()[-3:] == ["eval_accuracy", "epoch_stop", "epoch_start"]
+    assert keys()[-5:] == ["eval_start", "eval_stop", "eval_accuracy", "epoch_stop", "epoch_start"]
     ledger.append("requeue", trial="t00000", attempt=1, from_epoch=1, reason="node died")
     last = parse(path.read_text().splitlines()[-1])
     assert last["key"] == "epoch_stop" and last["metadata"]["counted"] is False and "node died" in last["metadata"][
@@ -174,3 +188,68 @@ def test_the_real_smoke_run_wrote_its_log(smoke_run):
     lines = (run_dir / MLLOG_NAME).read_text().splitlines()
     assert lines == render(read_ledger(run_dir))
     assert parse(lines[-1])["key"] == "run_stop"
+
+
+@pytest.mark.slow
+def test_the_real_smoke_runs_log_passes_the_compliance_checker(smoke_run, tmp_path):
+    run_dir, _ = smoke_run
+    rc, output = _compliance(run_dir / MLLOG_NAME, tmp_path)
+    assert rc == 0, output
+
+
+def _compliance(log, tmp_path):
+    """MLCommons' compliance checker (HPC 3.0.0) on ``log``, with aiperf registered as an open benchmark."""
+    config = write_checker_config(tmp_path / "checker")
+    proc = subprocess.run(
+        [sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage", CHECKER_USAGE, "--ruleset",
+         CHECKER_RULESET, "--config", str(config), "--log_output", str(tmp_path / "checker.log"), str(log)],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def test_the_log_passes_mlcommons_compliance_checker(sim_run, tmp_path):
+    rc, output = _compliance(sim_run / MLLOG_NAME, tmp_path)
+    assert rc == 0, output
+    assert "open_aiperf.yaml" in output and "SUCCESS" in output  # common, open-division and aiperf's rules ran
+
+
+def test_the_checker_rejects_a_log_without_what_mlperf_requires(sim_run, tmp_path):
+    lines = (sim_run / MLLOG_NAME).read_text().splitlines()
+    dropped = {"init_start", "init_stop", "cache_clear", "eval_start", "eval_stop"}
+    log = tmp_path / "hand-written.txt"
+    log.write_text("\n".join(line for line in lines if parse(line)["key"] not in dropped) + "\n")
+    rc, output = _compliance(log, tmp_path)
+    assert rc == 1
+    assert "'init_stop'" in output and "'cache_clear'" in output and "FAILED" in output
+
+
+def test_a_resumed_session_end_is_not_a_second_run_stop(tmp_path):
+    path = tmp_path / MLLOG_NAME
+    ledger = LedgerWriter(tmp_path)
+    _header(ledger)
+    attach(tmp_path, ledger)
+    _trial_start(ledger)
+    _epoch(ledger, 1)
+    ledger.append("trial_end", trial="t00000", status="stopped")
+    ledger.append("run_stop", status="interrupted", reason="SIGTERM")
+    ledger.close()
+    assert parse(path.read_text().splitlines()[-1])["key"] == "run_stop"  # as far as anyone knew then
+    resumed = LedgerWriter(tmp_path)
+    resumed.append("resume", gap_s=3.0, from_seq=4)
+    attach(tmp_path, resumed)  # the master attaches after its resume record, as aiperf run --resume does
+    resumed.append("run_stop", status="completed", reason="time budget reached")
+    resumed.close()
+    lines = path.read_text().splitlines()
+    assert lines == render(read_ledger(tmp_path))
+    keys = Counter(parse(line)["key"] for line in lines)
+    assert (keys["run_start"], keys["run_stop"], keys["aiperf_session_stop"]) == (1, 1, 1)
+
+
+def test_custom_rules_are_labelled_in_the_log(tmp_path):
+    ledger = LedgerWriter(tmp_path)
+    _header(ledger)
+    ledger.close()
+    event = next(e for e in _events(render(read_ledger(tmp_path))) if e["key"] == "aiperf_workload")
+    assert event["value"] is None and event["metadata"]["label"] == "custom rules: not comparable"
+    assert event["metadata"]["comparable"] is False

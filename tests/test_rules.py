@@ -1,4 +1,4 @@
-"""Validity rules: a valid run, then each rule failing on purpose."""
+"""Validity rules: a valid run, then each rule failing on purpose; workloads and custom rules."""
 
 from __future__ import annotations
 
@@ -6,20 +6,29 @@ import copy
 
 import pytest
 
+from aiperf.config import BUILTIN_CONFIGS, load_config
 from aiperf.errors import AiperfError
 from aiperf.metrics.rules import evaluate_rules
 from aiperf.metrics.score import compute_score
+from aiperf.metrics.workloads import WORKLOADS, identify
 
-RULES = {"min_accuracy": 0.95, "official_min_duration_s": 3600.0, "min_precision_bits": 16}
+RULES = {"min_accuracy": 0.7, "official_min_duration_s": 3600.0, "min_precision_bits": 16}  # imagenet's
 
 
-def run(acc=0.97, precision="mixed_bfloat16", disjoint=True, last_t=4000.0, rules=None, backend="jax"):
+def run(acc=0.97, precision="mixed_bfloat16", disjoint=True, last_t=4000.0, rules=None, backend="jax", stop=True):
+    """An ``imagenet`` run (the official workload) of two epochs."""
     records = [
         {
             "type": "run_start",
             "t": 0.0,
+            "config": {"run": {"name": "imagenet"}, "dataset": {"name": "image_folder"}},
             "rules": dict(RULES if rules is None else rules),
-            "dataset": {"name": "mnist", "split": {"method": "random", "seed": 0, "disjoint": disjoint}},
+            "dataset": {
+                "name": "image_folder",
+                "train_images": 1_281_167,
+                "eval_images": 50_000,
+                "split": {"method": "folders", "seed": 0, "disjoint": disjoint},
+            },
             "plan": {"backend": backend},
         },
         {"type": "trial_start", "t": 1.0, "trial": "t00000"},
@@ -41,9 +50,9 @@ def run(acc=0.97, precision="mixed_bfloat16", disjoint=True, last_t=4000.0, rule
             "val_acc": acc,
             "precision": precision,
         },
-        {"type": "run_stop", "t": last_t + 5},
+        {"type": "run_stop", "t": last_t + 5, "status": "completed"},
     ]
-    return records
+    return records if stop else records[:-1]
 
 
 def by_name(verdict):
@@ -52,7 +61,8 @@ def by_name(verdict):
 
 def test_a_good_long_run_is_valid_and_official():
     v = evaluate_rules(run())
-    assert (v.valid, v.official, v.headline()) == (True, True, "valid")
+    assert (v.valid, v.official, v.headline()) == (True, True, "valid (official)")
+    assert (v.workload, v.comparable, v.custom) == ("imagenet", True, ())
     assert all(r.passed for r in v.rules)
     assert [r.name for r in v.rules] == [
         "accuracy",
@@ -60,6 +70,7 @@ def test_a_good_long_run_is_valid_and_official():
         "held-out evaluation",
         "completed epochs",
         "real training",
+        "recorded end",
         "official duration",
     ]
     assert by_name(v)["accuracy"].measured == "0.97"
@@ -67,15 +78,15 @@ def test_a_good_long_run_is_valid_and_official():
 
 
 def test_low_accuracy_is_invalid():
-    v = evaluate_rules(run(acc=0.91))
+    v = evaluate_rules(run(acc=0.61))
     assert not v.valid and not v.official
     assert not by_name(v)["accuracy"].passed
-    assert v.headline() == "invalid: accuracy 0.91 < 0.95"
+    assert v.headline() == "invalid: best validation top-1 0.61 < 0.7 required"
 
 
 def test_accuracy_just_below_the_threshold_is_not_rounded_up():
-    v = evaluate_rules(run(acc=0.94999))
-    assert v.headline() == "invalid: accuracy 0.94999 < 0.95"
+    v = evaluate_rules(run(acc=0.69999))
+    assert v.headline() == "invalid: best validation top-1 0.69999 < 0.7 required"
 
 
 @pytest.mark.parametrize("policy", ["int8", "mixed_int8", "float8_e4m3fn", "uint8"])
@@ -83,7 +94,8 @@ def test_sub_16_bit_or_integer_training_is_invalid(policy):
     v = evaluate_rules(run(precision=policy))
     assert not by_name(v)["precision"].passed
     assert by_name(v)["precision"].measured == policy
-    assert v.headline() == f"invalid: precision {policy} < 16-bit float"
+    assert v.headline().startswith(f"invalid: weakest precision {policy} (")
+    assert v.headline().endswith("< 16-bit float required")
 
 
 def test_an_epoch_without_a_recorded_precision_is_invalid():
@@ -96,7 +108,10 @@ def test_an_epoch_without_a_recorded_precision_is_invalid():
 
 def test_a_stricter_precision_threshold_rejects_16_bit():
     v = evaluate_rules(run(rules={**RULES, "min_precision_bits": 32}))
-    assert v.headline() == "invalid: precision mixed_bfloat16 < 32-bit float"
+    assert v.headline() == (
+        "invalid: weakest precision mixed_bfloat16 (16-bit float) < 32-bit float required; "
+        "custom rules: not comparable (rules.min_precision_bits 32 instead of 16)"
+    )
     wide = evaluate_rules(run(precision="float64", rules={**RULES, "min_precision_bits": 32}))
     assert wide.valid
     assert by_name(wide)["precision"].measured == "float32"  # the weakest of float32 and float64
@@ -107,7 +122,7 @@ def test_evaluation_must_be_on_the_held_out_split(disjoint, measured):
     v = evaluate_rules(run(disjoint=disjoint))
     rule = by_name(v)["held-out evaluation"]
     assert (rule.passed, rule.measured) == (False, measured)
-    assert v.headline() == f"invalid: evaluation split {measured}, must be disjoint from training"
+    assert v.headline() == f"invalid: evaluation split {measured}; it must be disjoint from training"
 
 
 def test_a_run_without_completed_epochs_is_invalid():
@@ -115,7 +130,8 @@ def test_a_run_without_completed_epochs_is_invalid():
     v = evaluate_rules(records)
     assert not by_name(v)["completed epochs"].passed
     assert v.headline() == (
-        "invalid: accuracy none < 0.95; precision none recorded < 16-bit float; completed epochs 0 < 1"
+        "invalid: best validation top-1 none < 0.7 required; no training precision recorded "
+        "(16-bit float required); 0 completed epochs < 1 required"
     )
 
 
@@ -123,30 +139,39 @@ def test_a_simulated_run_is_never_valid():
     v = evaluate_rules(run(backend="simulated"))
     assert not v.valid and not v.official
     assert by_name(v)["real training"].measured == "simulated"
-    assert v.headline() == "invalid: backend simulated, not real training"
+    assert v.headline() == "invalid: backend simulated: nothing was trained; a Keras backend is required"
 
 
 def test_a_short_run_is_valid_but_unofficial():
     v = evaluate_rules(run(last_t=300.0))
     assert (v.valid, v.official) == (True, False)
-    assert v.headline() == "valid (unofficial: run 300 s < 3600 s)"
+    assert v.headline() == "valid (unofficial: run 300 s < 3600 s required)"
 
 
 def test_a_run_just_short_of_the_minimum_never_prints_as_equal():
     v = evaluate_rules(run(last_t=3599.96))
-    assert v.headline() == "valid (unofficial: run 3599.9 s < 3600 s)"
+    assert v.headline() == "valid (unofficial: run 3599.9 s < 3600 s required)"
 
 
 def test_several_failures_are_all_listed_and_an_invalid_run_is_never_official():
-    v = evaluate_rules(run(acc=0.91, precision="int8", last_t=300.0))
-    assert v.headline() == "invalid: accuracy 0.91 < 0.95; precision int8 < 16-bit float"
+    v = evaluate_rules(run(acc=0.61, precision="int8", last_t=300.0))
+    assert v.headline() == (
+        "invalid: best validation top-1 0.61 < 0.7 required; "
+        "weakest precision int8 (not a floating-point policy) < 16-bit float required"
+    )
     assert not v.official
 
 
 def test_thresholds_come_from_the_ledger():
-    lenient = {"min_accuracy": 0.9, "official_min_duration_s": 60.0, "min_precision_bits": 16}
-    v = evaluate_rules(run(acc=0.91, last_t=300.0, rules=lenient))
-    assert (v.valid, v.official) == (True, True)
+    lenient = {"min_accuracy": 0.6, "official_min_duration_s": 60.0, "min_precision_bits": 16}
+    v = evaluate_rules(run(acc=0.61, last_t=300.0, rules=lenient))
+    assert by_name(v)["accuracy"].passed and by_name(v)["official duration"].passed
+    # ... but rules of the user's making are not the workload's: valid, never official, labelled.
+    assert (v.valid, v.official, v.comparable) == (True, False, False)
+    assert v.headline() == (
+        "valid (custom rules: not comparable (rules.min_accuracy 0.6 instead of 0.7; "
+        "rules.official_min_duration_s 60 instead of 3600))"
+    )
 
 
 def test_a_given_score_is_used_as_is():
@@ -156,9 +181,10 @@ def test_a_given_score_is_used_as_is():
 
 
 def test_to_dict_lists_every_rule_and_the_headline():
-    d = evaluate_rules(run(acc=0.91)).to_dict()
-    assert d["valid"] is False and d["headline"] == "invalid: accuracy 0.91 < 0.95"
-    assert len(d["rules"]) == 6 and {"name", "passed", "measured", "required"} <= set(d["rules"][0])
+    d = evaluate_rules(run(acc=0.61)).to_dict()
+    assert d["valid"] is False and d["headline"] == "invalid: best validation top-1 0.61 < 0.7 required"
+    assert (d["workload"], d["comparable"], d["custom"]) == ("imagenet", True, [])
+    assert len(d["rules"]) == 7 and {"name", "passed", "measured", "required"} <= set(d["rules"][0])
 
 
 def test_a_ledger_without_a_header_or_with_bad_thresholds_is_a_one_line_error():
@@ -168,3 +194,72 @@ def test_a_ledger_without_a_header_or_with_bad_thresholds_is_a_one_line_error():
     bad[0]["rules"]["min_accuracy"] = 2.0
     with pytest.raises(AiperfError, match="min_accuracy"):
         evaluate_rules(bad)
+
+
+def test_passed_rules_read_as_passed():
+    texts = {r.name: r.summary for r in evaluate_rules(run()).rules}
+    assert texts == {
+        "accuracy": "best validation top-1 0.97 ≥ 0.7 required",
+        "precision": "weakest precision mixed_bfloat16 (16-bit float) ≥ 16-bit float required",
+        "held-out evaluation": "evaluation split disjoint from training, as required",
+        "completed epochs": "2 completed epochs ≥ 1 required",
+        "real training": "trained with backend jax, as required",
+        "recorded end": "the run recorded its end (run_stop, completed)",
+        "official duration": "run 4000 s ≥ 3600 s required",
+    }
+
+
+def test_a_ledger_without_run_stop_is_not_valid():
+    v = evaluate_rules(run(stop=False))
+    assert not v.valid and not by_name(v)["recorded end"].passed
+    assert v.headline() == (
+        "invalid: the ledger does not end with run_stop: the run was interrupted and not resumed, "
+        "or the ledger was cut short"
+    )
+
+
+def test_records_after_run_stop_are_not_a_recorded_end():
+    records = run()
+    records.append({"type": "trial_start", "t": 4010.0, "trial": "t00001"})
+    assert not evaluate_rules(records).valid
+
+
+@pytest.mark.parametrize("name", BUILTIN_CONFIGS)
+def test_every_built_in_config_is_its_workload_under_the_workloads_rules(name):
+    cfg = load_config(name)
+    workload = WORKLOADS[name]
+    assert cfg.rules.model_dump() == workload.rules
+    train, evaluation = workload.split or (workload.total_images - 1000, 1000)
+    start = {
+        "type": "run_start",
+        "config": cfg.to_dict(),
+        "rules": cfg.rules.model_dump(),
+        "dataset": {"name": cfg.dataset.name, "train_images": train, "eval_images": evaluation},
+    }
+    assert (identify(start).workload, identify(start).reasons) == (name, ())
+
+
+def test_a_non_imagenet_workload_is_valid_but_never_official():
+    records = run()
+    records[0]["config"] = {"run": {"name": "smoke"}, "dataset": {"name": "digits"}}
+    records[0]["dataset"].update(train_images=1438, eval_images=359)
+    records[0]["rules"]["min_accuracy"] = 0.8
+    v = evaluate_rules(records)
+    assert (v.valid, v.official, v.comparable) == (True, False, True)
+    assert v.headline() == "valid (unofficial: workload smoke, not the official imagenet)"
+
+
+@pytest.mark.parametrize(
+    ("edit", "reason"),
+    [
+        (lambda s: s["config"]["run"].update(name="mine"), "config mine on dataset image_folder is not a built-in"),
+        (lambda s: s["dataset"].update(train_images=128_000), "dataset of 178,000 images instead of 1,331,167"),
+        (lambda s: s["rules"].update(official_min_duration_s=10.0), "rules.official_min_duration_s 10 instead of 3600"),
+    ],
+)
+def test_a_custom_config_dataset_or_rule_is_not_comparable(edit, reason):
+    records = run()
+    edit(records[0])
+    v = evaluate_rules(records)
+    assert v.valid and not v.official and not v.comparable
+    assert "custom rules: not comparable (" in v.headline() and reason in v.headline()

@@ -156,3 +156,244 @@ def test_the_real_smoke_run_verifies(smoke_run):
     run_dir, _ = smoke_run
     ok, message = verify_run(run_dir)
     assert ok, message
+
+
+# --- forgeries that re-chain the hashes and rewrite summary.json: the consistency checks ----------
+
+
+def _forge(run_dir, records):
+    """A careful forger: re-chain every hash and write the summary the forged ledger gives."""
+    from aiperf.record.summary import write_summary
+
+    _write(run_dir, records, rechain=True)
+    write_summary(run_dir)
+    return verify_run(run_dir)
+
+
+def _recount(records):
+    """Recompute every epoch's operation counts from its (forged) image counts, as check 3 would."""
+    from aiperf.metrics.flops import aiperf_compatible_operations, count_flops, epoch_operations
+    from nas.serialize import graph_from_dict
+
+    graphs = {r["trial"]: graph_from_dict(r["graph"]) for r in records if r["type"] == "trial_start"}
+    for r in records:
+        if r["type"] == "epoch":
+            graph = graphs[r["trial"]]
+            r["train_ops"], r["eval_ops"] = epoch_operations(
+                count_flops(graph), r["train_images"], r["eval_images"], r["batch_size"]
+            )
+            r["ops"] = r["train_ops"] + r["eval_ops"]
+            r["aiperf_ops"] = aiperf_compatible_operations(graph, r["train_images"], r["eval_images"])
+
+
+def test_a_raised_accuracy_with_rebuilt_hashes_and_summary_contradicts_its_trial_end(run_copy):
+    records = read_ledger(run_copy)
+    best = _best_epoch(records)
+    best["val_acc"] = 0.999
+    ok, message = _forge(run_copy, records)
+    assert not ok
+    assert f"trial_end {best['trial']}" in message and "best_val_acc" in message
+
+
+def test_halving_every_t_exceeds_the_workers_busy_time(run_copy):
+    records = read_ledger(run_copy)
+    for r in records:
+        r["t"] /= 2
+    ok, message = _forge(run_copy, records)
+    assert not ok
+    assert "passed on the master clock" in message
+
+
+def test_ten_times_the_training_images_exceeds_the_split(run_copy):
+    records = read_ledger(run_copy)
+    for r in records:
+        if r["type"] == "epoch":
+            r["train_images"] *= 10
+    _recount(records)
+    ok, message = _forge(run_copy, records)
+    assert not ok
+    first = message.splitlines()[0]
+    assert "more than the split holds" in first and "(1,438 / 359 in run_start)" in first
+
+
+def _as_real(records):
+    """The simulated ledger made to look like a real run's: full batches, every validation image, and
+    ``wall`` advancing with ``t`` (the simulation's clock skips the waiting; a real master's does not)."""
+    header = records[0]
+    header["plan"]["backend"] = "tensorflow"
+    for r in records:
+        r["wall"] = header["wall"] + (r["t"] - header["t"])
+        if r["type"] == "epoch":
+            r["input"] = "memory"
+            r["train_images"] = header["dataset"]["train_images"] // r["batch_size"] * r["batch_size"]
+            r["eval_images"] = header["dataset"]["eval_images"]
+    _recount(records)
+    return records
+
+
+def test_halving_t_of_a_real_run_disagrees_with_its_wall_clock(run_copy):
+    records = _as_real(read_ledger(run_copy))
+    ok, message = _forge(run_copy, records)
+    assert ok, message  # a consistent "real" ledger passes
+    for r in records:
+        r["t"] /= 2
+    ok, message = _forge(run_copy, records)
+    assert not ok and "the master's two clocks disagree" in message
+
+
+def test_fewer_validation_images_than_the_split_are_unaccounted_for(run_copy):
+    records = _as_real(read_ledger(run_copy))
+    ok, message = _forge(run_copy, records)
+    assert ok, message  # a consistent "real" ledger passes
+    epoch = next(r for r in records if r["type"] == "epoch")
+    epoch["eval_images"] -= 100
+    _recount(records)
+    ok, message = _forge(run_copy, records)
+    assert not ok and "130 images unaccounted for" in message  # 100 + the 30-image partial batch
+
+
+def test_a_ledger_cut_after_its_best_prefix_verifies_as_not_valid(run_copy):
+    records = read_ledger(run_copy)
+    cut = records[: len(records) // 2]
+    assert cut[-1]["type"] != "run_stop"
+    _write(run_copy, cut)  # no re-hashing: a prefix of a chain is a chain
+    from aiperf.record.summary import write_summary
+
+    summary = write_summary(run_copy)
+    ok, message = verify_run(run_copy)
+    assert ok, message  # a killed run verifies...
+    assert summary["verdict"]["valid"] is False  # ... but is not valid
+    assert "does not end with run_stop" in summary["verdict"]["headline"]
+
+
+def test_records_after_run_stop_fail(run_copy):
+    records = read_ledger(run_copy)
+    extra = dict(next(r for r in records if r["type"] == "trial_start"), trial="t09999")
+    ok, message = _forge(run_copy, [*records, extra])
+    assert not ok and "a record after the run_stop" in message
+
+
+def test_a_duplicated_trial_fails(run_copy):
+    records = read_ledger(run_copy)
+    start = next(r for r in records if r["type"] == "trial_start")
+    k = records.index(start)
+    ok, message = _forge(run_copy, [*records[: k + 1], dict(start), *records[k + 1 :]])
+    assert not ok and "attempt 0 of this trial already started" in message
+
+
+def test_a_trial_without_an_end_before_run_stop_fails(run_copy):
+    records = read_ledger(run_copy)
+    end = next(r for r in records if r["type"] == "trial_end")
+    ok, message = _forge(run_copy, [r for r in records if r is not end])
+    assert not ok and f"trial {end['trial']}" in message and "never ended" in message
+
+
+@pytest.mark.parametrize(
+    ("field", "factor", "expected"),
+    [("busy_s", 0.5, "but its epochs' train_s + eval_s add up to"), ("alive_s", 100.0, "passed on the master clock")],
+)
+def test_edited_worker_times_fail(run_copy, field, factor, expected):
+    records = read_ledger(run_copy)
+    worker = next(r for r in records if r["type"] == "worker" and r.get("busy_s"))
+    worker[field] *= factor
+    ok, message = _forge(run_copy, records)
+    assert not ok and expected in message
+
+
+def test_a_worker_busier_than_its_lifetime_fails(run_copy):
+    records = read_ledger(run_copy)
+    worker = next(r for r in records if r["type"] == "worker" and r.get("busy_s"))
+    worker["alive_s"] = worker["busy_s"] / 3
+    ok, message = _forge(run_copy, records)
+    assert not ok and "is longer than its lifetime" in message
+
+
+def test_skipped_epochs_of_a_trial_fail(run_copy):
+    records = read_ledger(run_copy)
+    epoch = next(r for r in records if r["type"] == "epoch")
+    epoch["epoch"] += 1
+    ok, message = _forge(run_copy, records)
+    assert not ok and f"epoch {epoch['epoch']} where epoch {epoch['epoch'] - 1} comes next" in message
+
+
+def test_custom_rules_are_labelled_and_verify_agrees(run_copy):
+    records = read_ledger(run_copy)
+    records[0]["rules"]["min_accuracy"] = 0.01
+    ok, message = _forge(run_copy, records)
+    assert ok, message
+    verdict = json.loads((run_copy / "summary.json").read_text())["verdict"]
+    assert verdict["comparable"] is False and not verdict["official"]
+    assert "custom rules: not comparable" in verdict["headline"]
+    assert "rules.min_accuracy 0.01 instead of 0.8" in verdict["headline"]
+    from aiperf.record.report import _headline
+
+    page = _headline(json.loads((run_copy / "summary.json").read_text()))
+    assert 'id="verdict-workload">custom rules: not comparable: rules.min_accuracy 0.01 instead of 0.8' in page
+
+
+def _sim_with_faults(run_dir, kills=(), failure_fn=None):
+    """A simulated run whose workers die (re-queued trials) or whose trials fail, written like a real one."""
+    from helpers import SIM_DATASET
+
+    from aiperf.cluster.sim_pool import HybridClock, SimulatedWorkerPool
+    from aiperf.config import load_config
+    from aiperf.engine.master import Master, MasterSettings
+    from aiperf.engine.run import make_search
+    from aiperf.engine.weights import WeightStore
+    from aiperf.record.ledger import LedgerWriter
+    from aiperf.record.summary import write_summary
+    from nas import zoo
+
+    cfg = load_config("smoke")
+    clock = HybridClock()
+    pool = SimulatedWorkerPool(4, clock, nodes=2, epoch_s=5.0, failure_fn=failure_fn)
+    for worker, at in kills:
+        pool.kill_worker_at(worker, at)
+    run_dir.mkdir()
+    with LedgerWriter(run_dir) as ledger:
+        ledger.append("run_start", t=0.0, run_id="faults", config=cfg.to_dict(), plan=pool.plan.to_dict(),
+                      dataset=SIM_DATASET, rules=cfg.rules.model_dump())  # fmt: skip
+        proposer = make_search(cfg, zoo.small_resnet((8, 8, 1), 10, width=8), 64)
+        master = Master(
+            MasterSettings(time_budget_s=150.0, seed=0), proposer, pool, ledger, WeightStore(16), clock=clock
+        )
+        outcome = master.run()
+        ledger.append("run_stop", t=clock(), status=outcome.status, reason=outcome.reason)
+    write_summary(run_dir)
+    return read_ledger(run_dir)
+
+
+def test_a_run_with_lost_workers_and_requeued_trials_verifies(tmp_path):
+    records = _sim_with_faults(tmp_path / "run", kills=[("w00001", 12.0), ("w00002", 60.0)])
+    assert any(r["type"] == "requeue" for r in records)
+    ok, message = verify_run(tmp_path / "run")
+    assert ok, message
+
+
+def test_a_run_whose_trials_fail_verifies(tmp_path):
+    records = _sim_with_faults(tmp_path / "run", failure_fn=lambda spec: "boom" if spec.seed % 3 == 0 else None)
+    assert any(r["type"] == "trial_end" and r["status"] == "failed" for r in records)
+    ok, message = verify_run(tmp_path / "run")
+    assert ok, message
+
+
+def test_a_requeued_attempt_that_never_was_announced_fails(tmp_path):
+    records = _sim_with_faults(tmp_path / "run", kills=[("w00001", 12.0)])
+    requeue = next(r for r in records if r["type"] == "requeue")
+    ok, message = _forge(tmp_path / "run", [r for r in records if r is not requeue])
+    assert not ok and "without a requeue record announcing it" in message
+
+
+def test_a_trial_copied_under_a_new_id_fails(run_copy):
+    records = read_ledger(run_copy)
+    copied = next(r["trial"] for r in records if r["type"] == "trial_end" and r["status"] == "completed")
+    forged = []
+    for r in records:
+        forged.append(r)
+        if r.get("trial") == copied and r["type"] in ("trial_start", "epoch", "trial_end"):
+            forged.append(dict(r, trial="t09999"))  # the same work claimed twice, on the same worker
+    ok, message = _forge(run_copy, forged)
+    assert not ok
+    # The worker's time no longer adds up: which of the two checks lists it first depends on how
+    # fast the simulated run's master was (its clock mixes in real time).
+    assert "busy_s is" in message or "in train/eval steps by now, but only" in message, message

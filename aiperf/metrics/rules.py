@@ -2,10 +2,12 @@
 
 A score means something only if the run reached a useful accuracy, trained in a real
 floating-point precision, evaluated on data it did not train on, and completed work at
-all. A run that passes those is valid; it is *official* when it also ran long enough for
-the search to matter (shorter runs are valid but labelled unofficial). Thresholds come
-from the run's own header (``run_start.rules``), so a ledger is judged by the rules it
-was run under.
+all, and recorded its end (a ``run_stop`` as its last record). A run that passes those is
+valid; it is *official* when it is the official workload (``imagenet``) under that workload's
+own rules and ran long enough for the search to matter. Thresholds come from the run's own
+header (``run_start.rules``), so a ledger is judged by the rules it was run under; where those
+differ from the rules the workload carries in code (:mod:`aiperf.metrics.workloads`), or the
+run is no built-in workload, the verdict says "custom rules: not comparable".
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 from aiperf.errors import AiperfError
 from aiperf.metrics.score import Score, compute_score
+from aiperf.metrics.workloads import NOT_COMPARABLE, OFFICIAL_WORKLOAD, identify, mapping
 
 # Keras dtype policies and the width of the floating-point format they train in.
 FLOAT_POLICY_BITS = {
@@ -28,6 +31,7 @@ FLOAT_POLICY_BITS = {
     "float64": 64,
 }
 DURATION_RULE = "official duration"
+RECORDED_END_RULE = "recorded end"
 
 
 @dataclass(frozen=True)
@@ -46,26 +50,48 @@ class RuleResult:
 
 @dataclass(frozen=True)
 class Verdict:
-    """All rules with their outcome; ``valid`` ignores the duration rule, ``official`` needs it too."""
+    """All rules with their outcome, and whether the run is comparable with other runs of its workload.
+
+    ``valid`` ignores the duration rule; ``official`` needs it too, and needs the run to be the
+    official workload under that workload's own rules (:mod:`aiperf.metrics.workloads`).
+    """
 
     valid: bool
     official: bool
     rules: tuple[RuleResult, ...]
+    workload: str | None = None
+    custom: tuple[str, ...] = ()
+
+    @property
+    def comparable(self) -> bool:
+        return self.workload is not None and not self.custom
+
+    def _custom_note(self) -> str:
+        return f"{NOT_COMPARABLE} ({'; '.join(self.custom)})"
 
     def headline(self) -> str:
-        """``valid``, ``valid (unofficial: run 300 s < 3600 s)`` or ``invalid: <each failed rule>``."""
+        """``valid (official)``, ``valid (unofficial: ...)``, ``valid (custom rules: not comparable (...))``
+        or ``invalid: <each failed rule>``, with the custom-rules label whenever it applies."""
         if not self.valid:
             failed = [r.summary for r in self.rules if not r.passed and r.name != DURATION_RULE]
-            return "invalid: " + "; ".join(failed)
-        if not self.official:
-            duration = next(r for r in self.rules if r.name == DURATION_RULE)
-            return f"valid (unofficial: {duration.summary})"
-        return "valid"
+            text = "invalid: " + "; ".join(failed)
+            return f"{text}; {self._custom_note()}" if self.custom else text
+        if self.custom:
+            return f"valid ({self._custom_note()})"
+        if self.official:
+            return "valid (official)"
+        why = [r.summary for r in self.rules if r.name == DURATION_RULE and not r.passed]
+        if self.workload != OFFICIAL_WORKLOAD:
+            why.append(f"workload {self.workload}, not the official {OFFICIAL_WORKLOAD}")
+        return f"valid (unofficial: {'; '.join(why)})"
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "valid": self.valid,
             "official": self.official,
+            "workload": self.workload,
+            "comparable": self.comparable,
+            "custom": list(self.custom),
             "headline": self.headline(),
             "rules": [r.to_dict() for r in self.rules],
         }
@@ -92,43 +118,52 @@ def _thresholds(records: list[dict[str, Any]]) -> tuple[Any, dict[str, Any]]:
     except ValidationError as exc:
         err = exc.errors()[0]
         raise AiperfError(f"run_start.rules.{err['loc'][0]}: {err['msg']}") from None
-    dataset = start.get("dataset") if isinstance(start.get("dataset"), dict) else {}
-    return rules, dataset
+    return rules, mapping(start.get("dataset"))
+
+
+def _compare(measured: str, passed: bool, required: str) -> str:
+    """``X ≥ Y required`` or ``X < Y required``: reads right whether the rule passed or not."""
+    return f"{measured} {'≥' if passed else '<'} {required} required"
 
 
 def _accuracy_rule(score: Score, minimum: float) -> RuleResult:
     best = score.best_val_acc
     measured = "none" if best is None else _number(best)
     passed = best is not None and best >= minimum
-    return RuleResult("accuracy", passed, measured, _number(minimum), f"accuracy {measured} < {_number(minimum)}")
+    text = _compare(f"best validation top-1 {measured}", passed, _number(minimum))
+    return RuleResult("accuracy", passed, measured, _number(minimum), text)
 
 
 def _precision_rule(epochs: list[dict[str, Any]], min_bits: int) -> RuleResult:
     required = f"{min_bits}-bit float"
-    policies = [r.get("precision") if isinstance(r.get("precision"), str) else "unrecorded" for r in epochs]
+    policies = [p if isinstance(p := r.get("precision"), str) else "unrecorded" for r in epochs]
     if not policies:
-        return RuleResult("precision", False, "none", required, f"precision none recorded < {required}")
+        return RuleResult("precision", False, "none", required, f"no training precision recorded ({required} required)")
     weakest = min(policies, key=lambda p: FLOAT_POLICY_BITS.get(p, 0))
-    passed = FLOAT_POLICY_BITS.get(weakest, 0) >= min_bits
-    return RuleResult("precision", passed, weakest, required, f"precision {weakest} < {required}")
-
-
-def _held_out_rule(dataset: dict[str, Any]) -> RuleResult:
-    split = dataset.get("split") if isinstance(dataset.get("split"), dict) else {}
-    disjoint = split.get("disjoint")
-    measured = "disjoint" if disjoint is True else "overlapping" if disjoint is False else "not recorded"
+    bits = FLOAT_POLICY_BITS.get(weakest, 0)
+    passed = bits >= min_bits
+    measured = f"{weakest} ({bits}-bit float)" if bits else f"{weakest} (not a floating-point policy)"
     return RuleResult(
-        "held-out evaluation",
-        disjoint is True,
-        measured,
-        "disjoint",
-        f"evaluation split {measured}, must be disjoint from training",
+        "precision", passed, weakest, required, _compare(f"weakest precision {measured}", passed, required)
     )
 
 
+def _held_out_rule(dataset: dict[str, Any]) -> RuleResult:
+    split = mapping(dataset.get("split"))
+    disjoint = split.get("disjoint")
+    measured = "disjoint" if disjoint is True else "overlapping" if disjoint is False else "not recorded"
+    text = (
+        "evaluation split disjoint from training, as required"
+        if disjoint is True
+        else f"evaluation split {measured}; it must be disjoint from training"
+    )
+    return RuleResult("held-out evaluation", disjoint is True, measured, "disjoint", text)
+
+
 def _epochs_rule(score: Score) -> RuleResult:
+    passed = score.epochs >= 1
     return RuleResult(
-        "completed epochs", score.epochs >= 1, str(score.epochs), "1", f"completed epochs {score.epochs} < 1"
+        "completed epochs", passed, str(score.epochs), "1", _compare(f"{score.epochs} completed epochs", passed, "1")
     )
 
 
@@ -137,13 +172,40 @@ def _real_training_rule(plan: dict[str, Any]) -> RuleResult:
     backend = plan.get("backend") if isinstance(plan, dict) else None
     measured = str(backend or "not recorded")
     passed = backend not in (None, "simulated")
-    return RuleResult("real training", passed, measured, "a Keras backend", f"backend {measured}, not real training")
+    text = (
+        f"trained with backend {measured}, as required"
+        if passed
+        else f"backend {measured}: nothing was trained; a Keras backend is required"
+    )
+    return RuleResult("real training", passed, measured, "a Keras backend", text)
+
+
+def _recorded_end_rule(records: list[dict[str, Any]]) -> RuleResult:
+    # A ledger cut after its best prefix (``head -n 78``) has an intact chain; it has no run_stop.
+    last = records[-1] if records else {}
+    if last.get("type") == "run_stop":
+        status = last.get("status")
+        return RuleResult(
+            RECORDED_END_RULE,
+            True,
+            f"run_stop ({status})",
+            "run_stop",
+            f"the run recorded its end (run_stop, {status})",
+        )
+    return RuleResult(
+        RECORDED_END_RULE,
+        False,
+        "no run_stop",
+        "run_stop",
+        "the ledger does not end with run_stop: the run was interrupted and not resumed, or the ledger was cut short",
+    )
 
 
 def _duration_rule(score: Score, minimum_s: float) -> RuleResult:
     # Truncated, not rounded, so a run short of the minimum never prints as equal to it.
     measured, required = f"{_number(math.floor(score.wall_s * 10) / 10)} s", f"{_number(minimum_s)} s"
-    return RuleResult(DURATION_RULE, score.wall_s >= minimum_s, measured, required, f"run {measured} < {required}")
+    passed = score.wall_s >= minimum_s
+    return RuleResult(DURATION_RULE, passed, measured, required, _compare(f"run {measured}", passed, required))
 
 
 def evaluate_rules(records: Iterable[dict[str, Any]], score: Score | None = None) -> Verdict:
@@ -159,8 +221,10 @@ def evaluate_rules(records: Iterable[dict[str, Any]], score: Score | None = None
         _held_out_rule(dataset),
         _epochs_rule(score),
         _real_training_rule(records[0].get("plan") or {}),
+        _recorded_end_rule(records),
         _duration_rule(score, rules.official_min_duration_s),
     )
+    workload = identify(next(r for r in records if r.get("type") == "run_start"))
     valid = all(r.passed for r in results if r.name != DURATION_RULE)
-    official = valid and all(r.passed for r in results)
-    return Verdict(valid, official, results)
+    official = valid and workload.official_workload and all(r.passed for r in results)
+    return Verdict(valid, official, results, workload.workload, workload.reasons)

@@ -1,49 +1,60 @@
-"""The run as an MLPerf-style event log (``mllog.txt``), for tools that already parse MLPerf logs.
+"""The run as an MLCommons-compliant event log (``mllog.txt``), written with MLCommons' own logger.
 
-Each line is ``:::MLLOG {json}`` with the fields in MLPerf's order — ``namespace``,
-``time_ms`` (Unix milliseconds), ``event_type`` (``INTERVAL_START`` | ``INTERVAL_END`` |
-``POINT_IN_TIME``), ``key``, ``value``, ``metadata`` — and MLPerf's key names
-(mlcommons/logging ``mllog/constants.py``). The log is derived from the ledger alone, record
-by record (every line's metadata names the ledger ``seq`` it came from), so it can always be
-regenerated and ``aiperf verify`` could compare it; it is written while the run goes,
-one flushed line at a time, by a subscriber on the :class:`~aiperf.record.ledger.LedgerWriter`.
+Each line is made by :class:`mlperf_logging.mllog.mllog.MLLogger`, the reference logger of the
+MLPerf benchmarks, so the format is MLCommons' by construction: ``:::MLLOG {json}`` with
+``namespace``, ``time_ms`` (Unix milliseconds: the ``wall`` of the ledger record the line comes
+from), ``event_type``, ``key``, ``value`` and ``metadata`` (which the logger extends with the
+``file`` and ``lineno`` that logged the line). The log passes MLCommons' compliance checker
+(HPC ruleset 3.0.0, its common and open-division rules) once aiperf is registered there as an
+open benchmark: :func:`write_checker_config` writes that registration, derived from the
+checker's own configuration files.
+
+The log is derived from the ledger alone, record by record (every line's metadata names the
+ledger ``seq`` it came from), so it can always be regenerated (:func:`render`); it is written
+while the run goes, one flushed line at a time, by a subscriber on the
+:class:`~aiperf.record.ledger.LedgerWriter`, so a run killed at any moment keeps its log.
 
 Trials run concurrently, so epochs interleave: every ``epoch_start``/``epoch_stop``/
-``eval_accuracy`` carries ``trial`` and MLPerf's ``epoch_num`` in its metadata. An epoch
-opens when its trial starts (or its previous epoch ends) and closes when its ``epoch``
-record arrives (``counted: true``), or, if the trial is stopped, lost or re-queued first,
-with ``counted: false`` — that partial epoch is not in the score.
+``eval_start``/``eval_stop``/``eval_accuracy`` carries ``trial`` and MLPerf's ``epoch_num`` in
+its metadata. An epoch opens when its trial starts (or its previous epoch ends) and closes when
+its ``epoch`` record arrives (``counted: true``), or, if the trial is stopped, lost or re-queued
+first, with ``counted: false`` — that partial epoch is not in the score. A session that ended
+and was then resumed is logged as ``aiperf_session_stop``: only the run's last end is
+``run_stop`` (MLPerf allows exactly one).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+from importlib import resources
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from mlperf_logging.mllog import constants as mlc
+from mlperf_logging.mllog.mllog import MLLogger
+
 from aiperf.metrics.score import compute_score
+from aiperf.metrics.workloads import NOT_COMPARABLE, identify
 from aiperf.record.ledger import LedgerWriter, read_ledger
 
 MLLOG_NAME = "mllog.txt"
 PREFIX = ":::MLLOG "
-INTERVAL_START, INTERVAL_END, POINT_IN_TIME = "INTERVAL_START", "INTERVAL_END", "POINT_IN_TIME"
+INTERVAL_START, INTERVAL_END, POINT_IN_TIME = mlc.INTERVAL_START, mlc.INTERVAL_END, mlc.POINT_IN_TIME
 BENCHMARK = "aiperf"
 # The architecture is searched, not fixed: that is MLPerf's open division. The benchmark is run
-# on the submitter's own machines ("onprem"); there is no organisation field in the config.
+# on the submitter's own machines ("onprem"); the organisation is ``run.organization``.
 DIVISION, STATUS, ORG = "open", "onprem", "unspecified"
+CHECKER_USAGE, CHECKER_RULESET = "hpc", "3.0.0"
+_SOURCE_ROOT = str(Path(__file__).resolve().parents[2])  # metadata.file is shown relative to this
 Event = tuple[str, str, Any, dict[str, Any]]  # (event_type, key, value, metadata)
+_LOG = {INTERVAL_START: "start", INTERVAL_END: "end", POINT_IN_TIME: "event"}  # MLLogger's method per event type
 
 
 def encode(time_ms: int, event_type: str, key: str, value: Any, metadata: dict[str, Any]) -> str:
-    """One log line in MLPerf's field order."""
-    body = {
-        "namespace": "",
-        "time_ms": time_ms,
-        "event_type": event_type,
-        "key": key,
-        "value": value,
-        "metadata": metadata,
-    }
+    """One log line in MLPerf's field order (without the logger's call site: for tools and tests)."""
+    body = {"namespace": "", "time_ms": time_ms, "event_type": event_type, "key": key, "value": value,
+            "metadata": metadata}  # fmt: skip
     return PREFIX + json.dumps(body)
 
 
@@ -56,6 +67,19 @@ def parse(line: str) -> dict[str, Any] | None:
     except ValueError:
         return None
     return event if isinstance(event, dict) else None
+
+
+class _Lines(logging.Handler):
+    """Collects what the MLLogger logs, so each ledger record's lines are written (or compared) as a unit."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if message.startswith(PREFIX):  # the logger's own warnings ("Failed to encode") are not log lines
+            self.lines.append(message)
 
 
 def _platform(plan: dict[str, Any]) -> str:
@@ -77,18 +101,39 @@ class MLLogRenderer:
         self.trials: dict[str, dict[str, Any]] = {}  # trial -> {epochs, open epoch_num or None, attempt}
         self.epochs: list[dict[str, Any]] = []  # slim copies, for the final score
         self.min_accuracy: float | None = None
+        self.comparable: dict[str, Any] = {}
+        self._out = _Lines()
+        logger = logging.Logger("aiperf.mllog")  # not registered: one per renderer, nothing global
+        logger.propagate = False
+        logger.addHandler(self._out)
+        self._log = MLLogger(logger=logger, default_namespace="", default_stack_offset=1, root_dir=_SOURCE_ROOT)
 
-    def lines(self, rec: dict[str, Any]) -> list[str]:
+    def lines(self, rec: dict[str, Any], resumed: bool = False) -> list[str]:
+        """The log lines of one ledger record; ``resumed``: a ``run_stop`` that a ``resume`` follows."""
         handler = getattr(self, f"_{rec.get('type')}", None)
         if handler is None:
             return []
+        events = handler(rec, resumed) if rec.get("type") == "run_stop" else handler(rec)
         ms = int(rec["wall"] * 1000)
-        return [encode(ms, kind, key, value, {**meta, "seq": rec["seq"]}) for kind, key, value, meta in handler(rec)]
+        self._out.lines = []
+        for kind, key, value, meta in events:
+            at = ms - round(1000 * meta.pop("before_s")) if "before_s" in meta else ms
+            log = getattr(self._log, _LOG[kind])
+            log(key=key, value=value, metadata={**meta, "seq": rec["seq"]}, time_ms=at)
+        return self._out.lines
 
     def _run_start(self, rec: dict[str, Any]) -> list[Event]:
         plan, dataset = rec.get("plan") or {}, rec.get("dataset") or {}
         self.min_accuracy = (rec.get("rules") or {}).get("min_accuracy")
         nodes = plan.get("nodes") or []
+        workload = identify(rec)
+        self.comparable = {
+            "workload": workload.workload,
+            "comparable": workload.comparable,
+            "label": "" if workload.comparable else NOT_COMPARABLE,
+            "custom": list(workload.reasons),
+        }
+        init = {"note": "initialisation (dataset load, Ray start, sizing) ends when the ledger begins"}
         return [
             (POINT_IN_TIME, "submission_benchmark", BENCHMARK, {}),
             (POINT_IN_TIME, "submission_org", (rec.get("config") or {}).get("run", {}).get("organization") or ORG, {}),
@@ -100,6 +145,11 @@ class MLLogRenderer:
             (POINT_IN_TIME, "seed", (rec.get("config") or {}).get("run", {}).get("seed"), {}),
             (POINT_IN_TIME, "train_samples", dataset.get("train_images"), {"dataset": dataset.get("name")}),
             (POINT_IN_TIME, "eval_samples", dataset.get("eval_images"), {"dataset": dataset.get("name")}),
+            (POINT_IN_TIME, "aiperf_workload", workload.workload, dict(self.comparable)),
+            # aiperf does not drop the operating system's file cache before a run: recorded as such.
+            (POINT_IN_TIME, "cache_clear", False, {}),
+            (INTERVAL_START, "init_start", None, dict(init)),
+            (INTERVAL_END, "init_stop", None, dict(init)),
             (INTERVAL_START, "run_start", None, {"run_id": rec.get("run_id")}),
         ]
 
@@ -130,7 +180,11 @@ class MLLogRenderer:
             {k: rec.get(k) for k in ("type", "t", "ops", "train_ops", "eval_ops", "aiperf_ops", "val_acc")}
         )
         state = self.trials.setdefault(trial, {"epochs": epoch, "open": epoch, "attempt": rec.get("attempt", 0)})
+        eval_s = rec.get("eval_s") if isinstance(rec.get("eval_s"), (int, float)) else 0.0
         out = [
+            # The evaluation ended when the worker reported the epoch; it began eval_s before that.
+            (INTERVAL_START, "eval_start", None, {**self._meta(trial, epoch), "before_s": eval_s}),
+            (INTERVAL_END, "eval_stop", None, self._meta(trial, epoch, eval_s=eval_s)),
             (POINT_IN_TIME, "eval_accuracy", rec.get("val_acc"), self._meta(trial, epoch)),
             (
                 INTERVAL_END,
@@ -161,8 +215,10 @@ class MLLogRenderer:
     def _resume(self, rec: dict[str, Any]) -> list[Event]:
         return [(POINT_IN_TIME, "aiperf_resume", rec.get("gap_s"), {"from_seq": rec.get("from_seq")})]
 
-    def _run_stop(self, rec: dict[str, Any]) -> list[Event]:
+    def _run_stop(self, rec: dict[str, Any], resumed: bool = False) -> list[Event]:
         out = [event for trial in list(self.trials) for event in self._close(trial, f"run {rec.get('status')}")]
+        if resumed:  # the run went on: MLPerf logs one run_stop, at the run's real end
+            return [*out, (POINT_IN_TIME, "aiperf_session_stop", rec.get("status"), {"reason": rec.get("reason")})]
         score = compute_score(self.epochs)
         reached = (
             score.best_val_acc is not None and self.min_accuracy is not None and score.best_val_acc >= self.min_accuracy
@@ -178,6 +234,7 @@ class MLLogRenderer:
                     "wall_s": score.wall_s,
                     "best_val_acc": score.best_val_acc,
                     "aiperf_regulated": score.aiperf_regulated,
+                    **self.comparable,
                 },
             )
         )
@@ -197,7 +254,54 @@ class MLLogRenderer:
 def render(records: list[dict[str, Any]]) -> list[str]:
     """The whole log of a ledger (what ``mllog.txt`` holds once the run has ended)."""
     renderer = MLLogRenderer()
-    return [line for rec in records for line in renderer.lines(rec)]
+    return [line for k, rec in enumerate(records) for line in renderer.lines(rec, _resumed(records, k))]
+
+
+def _resumed(records: list[dict[str, Any]], k: int) -> bool:
+    return records[k].get("type") == "run_stop" and k + 1 < len(records) and records[k + 1].get("type") == "resume"
+
+
+def write_checker_config(directory: str | Path) -> Path:
+    """Register aiperf as an open HPC benchmark for MLCommons' compliance checker; returns the config to pass.
+
+    The checker accepts only its own benchmarks (``submission_benchmark`` must be deepcam,
+    cosmoflow, oc20 or openfold) and then loads ``open_<benchmark>.yaml``. This writes, into
+    ``directory``, the checker's own ``common.yaml`` and ``open_common.yaml`` with aiperf added
+    to that list and pointing at each other here, plus ``open_aiperf.yaml`` (aiperf's
+    benchmark rules: at least one ``eval_accuracy`` per run, a fraction, with its epoch). Run
+    ``python -m mlperf_logging.compliance_checker --usage hpc --ruleset 3.0.0 --config
+    <returned path> mllog.txt``; the installed package is not modified.
+    """
+    directory = Path(directory).resolve()
+    directory.mkdir(parents=True, exist_ok=True)
+    source = resources.files("mlperf_logging.compliance_checker") / f"{CHECKER_USAGE}_{CHECKER_RULESET}"
+    here = f"{directory}/"
+    edits = {
+        "common.yaml": [(f"'{CHECKER_USAGE}_{CHECKER_RULESET}/{{}}_common.yaml'", f"'{here}{{}}_common.yaml'")],
+        "open_common.yaml": [
+            (
+                "['deepcam', 'cosmoflow', 'oc20', 'openfold']",
+                f"['deepcam', 'cosmoflow', 'oc20', 'openfold', '{BENCHMARK}']",
+            ),
+            (f"'{CHECKER_USAGE}_{CHECKER_RULESET}/open_{{}}.yaml'", f"'{here}open_{{}}.yaml'"),
+        ],
+    }
+    for name, replacements in edits.items():
+        text = (source / name).read_text()
+        for old, new in replacements:
+            if old not in text:
+                raise RuntimeError(f"mlperf_logging's {name} has changed: {old!r} not found")
+            text = text.replace(old, new)
+        (directory / name).write_text(text)
+    (directory / f"open_{BENCHMARK}.yaml").write_text(
+        "- KEY:\n"
+        "    NAME:  eval_accuracy\n"
+        "    REQ:   AT_LEAST_ONE\n"
+        "    CHECK:\n"
+        "        - \"'epoch_num' in v['metadata']\"\n"
+        "        - \"0 <= v['value'] <= 1\"\n"
+    )
+    return directory / "common.yaml"
 
 
 class MLLogWriter:
@@ -234,21 +338,25 @@ def _complete_lines(path: Path) -> tuple[list[str], int]:
     return data[:end].decode(errors="replace").splitlines(), end
 
 
-def attach(run_dir: str | Path, ledger: LedgerWriter, cfg: Any = None) -> MLLogWriter:
+def attach(run_dir: str | Path, ledger: LedgerWriter) -> MLLogWriter:
     """Bring ``mllog.txt`` up to date with the ledger so far, then follow it record by record.
 
     The run header is written before observers attach, and a resumed run already has a log:
     both are handled by replaying the ledger — lines already in the file are kept, the rest
-    appended. A log that is not a prefix of what the ledger gives (edited by hand) is rewritten
-    from the ledger, which is the authority. ``cfg`` is accepted for symmetry with the other
-    observers; everything logged comes from the ledger itself.
+    appended. Where the log departs from what the ledger gives (edited by hand, or the end of a
+    session that has since been resumed) it is rewritten from there, from the ledger, which is
+    the authority. Everything logged comes from the ledger itself.
     """
     path = Path(run_dir) / MLLOG_NAME
     renderer = MLLogRenderer()
-    expected = [line for rec in read_ledger(run_dir) for line in renderer.lines(rec)]
-    have, size = _complete_lines(path)
-    if have != expected[: len(have)]:
-        have, size = [], 0
+    records = read_ledger(run_dir)
+    expected = [line for k, rec in enumerate(records) for line in renderer.lines(rec, _resumed(records, k))]
+    have, _ = _complete_lines(path)
+    keep = 0
+    while keep < len(have) and keep < len(expected) and have[keep] == expected[keep]:
+        keep += 1  # a resumed session's earlier run_stop becomes aiperf_session_stop: rewrite from there
+    have = have[:keep]
+    size = sum(len(line.encode()) + 1 for line in have)
     if path.exists():
         with open(path, "r+b") as fh:
             fh.truncate(size)  # drop a torn tail, or everything when the log disagrees with the ledger

@@ -62,7 +62,7 @@ def _input_summary(start: dict[str, Any], records: list[dict[str, Any]]) -> dict
     for r in measured:
         wait_train = per_worker.setdefault(r.get("worker") or "?", [0.0, 0.0])
         wait_train[0] += r["data_wait_s"]
-        wait_train[1] += r["train_s"]
+        wait_train[1] += r.get("train_s") or 0.0  # optional in the record's shape
     wait = sum(w for w, _ in per_worker.values())
     train = sum(t for _, t in per_worker.values())
     fractions = {w: (wt[0] / wt[1] if wt[1] > 0 else None) for w, wt in per_worker.items()}
@@ -109,7 +109,7 @@ def _start_failures(records: list[dict[str, Any]]) -> dict[str, Any]:
 def _device_summary(start: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, Any]:
     plan = start.get("plan") or {}
     nodes = plan.get("nodes", [])
-    devices = {}
+    devices: dict[str, int] = {}
     for w in (r for r in records if r["type"] == "worker"):
         dev = w.get("device") or {}
         key = f"{dev.get('kind', '?')}: {dev.get('name', '?')}"

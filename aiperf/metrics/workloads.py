@@ -1,0 +1,121 @@
+"""The built-in workloads and the rules each one carries, in code rather than in the user's config.
+
+A score is comparable with another only when both ran the same workload under the same rules.
+The thresholds a run was held to are recorded in its ``run_start.rules`` (they come from the
+config, which anyone can override with ``--set rules.min_accuracy=0.01``); this module holds
+what each built-in workload's rules *are*, so the verdict can tell a run judged by the
+workload's rules from one judged by rules of its own making. A run is identified as a built-in
+workload by its config's ``run.name`` and ``dataset.name``, and its dataset must have the
+workload's image count (a subset via ``dataset.max_train_images`` or another folder of images
+is a different dataset). Anything else is "custom rules: not comparable": the rule outcomes are
+still reported, but the run can never be official. Only ``imagenet`` is the official workload.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+OFFICIAL_WORKLOAD = "imagenet"
+NOT_COMPARABLE = "custom rules: not comparable"
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A built-in config as a benchmark workload: how to recognise its runs, and its rules."""
+
+    name: str  # the built-in config (``aiperf run --config NAME``)
+    run_name: str  # its ``run.name``
+    datasets: tuple[str, ...]  # the ``dataset.name`` values it may load
+    total_images: int  # training + validation images (+ undecodable ones skipped at load)
+    split: tuple[int, int] | None  # (training, validation) images where the split is fixed by the config
+    min_accuracy: float
+    official_min_duration_s: float = 3600.0
+    min_precision_bits: int = 16
+
+    @property
+    def rules(self) -> dict[str, Any]:
+        return {
+            "min_accuracy": self.min_accuracy,
+            "official_min_duration_s": self.official_min_duration_s,
+            "min_precision_bits": self.min_precision_bits,
+        }
+
+    @property
+    def official(self) -> bool:
+        return self.name == OFFICIAL_WORKLOAD
+
+
+WORKLOADS: dict[str, Workload] = {
+    w.name: w
+    for w in (
+        # ILSVRC-2012: 1,281,167 training and 50,000 validation images, as a folder or TFRecord shards.
+        Workload("imagenet", "imagenet", ("image_folder", "tfrecord"), 1_331_167, (1_281_167, 50_000), 0.70),
+        Workload("default", "mnist-default", ("mnist",), 5_000, (4_000, 1_000), 0.95),
+        Workload("smoke", "smoke", ("digits",), 1_797, (1_438, 359), 0.80),
+        Workload("fashion_mnist", "fashion-mnist", ("fashion_mnist",), 70_000, None, 0.90),
+        Workload("synthetic", "synthetic", ("synthetic",), 22_000, (20_000, 2_000), 0.0),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Comparability:
+    """Which workload a run is, and why it is not comparable (empty when it is)."""
+
+    workload: str | None
+    reasons: tuple[str, ...]
+
+    @property
+    def comparable(self) -> bool:
+        return self.workload is not None and not self.reasons
+
+    @property
+    def official_workload(self) -> bool:
+        return self.comparable and self.workload == OFFICIAL_WORKLOAD
+
+
+def _number(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6f}".rstrip("0").rstrip(".")
+    return str(value)
+
+
+def mapping(value: Any) -> dict[str, Any]:
+    """``value`` if it is a mapping, else an empty one (a ledger field read defensively)."""
+    return value if isinstance(value, dict) else {}
+
+
+def identify(start: dict[str, Any]) -> Comparability:
+    """Match a ``run_start`` record against the built-in workloads; say what differs."""
+    config = mapping(start.get("config"))
+    run = mapping(config.get("run"))
+    dataset = mapping(start.get("dataset"))
+    ds_config = mapping(config.get("dataset"))
+    ds_name = ds_config.get("name", dataset.get("name"))
+    workload = next(
+        (w for w in WORKLOADS.values() if w.run_name == run.get("name") and ds_name in w.datasets),
+        None,
+    )
+    if workload is None:
+        return Comparability(
+            None, (f"config {_number(run.get('name'))!s} on dataset {ds_name} is not a built-in workload",)
+        )
+    reasons: list[str] = []
+    given = mapping(start.get("rules"))
+    for key, value in workload.rules.items():
+        if key not in given or given[key] is None or float(given[key]) != float(value):
+            reasons.append(f"rules.{key} {_number(given.get(key))} instead of {_number(value)}")
+    train, evaluation = dataset.get("train_images"), dataset.get("eval_images")
+    at_load = mapping(dataset.get("bad_images"))
+    if isinstance(train, int) and isinstance(evaluation, int):
+        total = train + evaluation + int(at_load.get("count") or 0)
+        if total != workload.total_images:
+            reasons.append(f"dataset of {total:,} images instead of {workload.total_images:,}")
+        elif workload.split is not None and not at_load.get("count") and (train, evaluation) != workload.split:
+            reasons.append(
+                f"dataset split {train:,}/{evaluation:,} instead of {workload.split[0]:,}/{workload.split[1]:,}"
+            )
+    else:
+        reasons.append("dataset size not recorded")
+    return Comparability(workload.name, tuple(reasons))
