@@ -116,6 +116,20 @@ def build_parser() -> argparse.ArgumentParser:
     verify = sub.add_parser("verify", help="check a run: hash chain, FLOPs, score and validity rules")
     verify.add_argument("run_dir")
 
+    audit = sub.add_parser(
+        "audit", help="check a run by re-execution: weight hashes, re-evaluated and (--retrain) re-trained trials"
+    )
+    audit.add_argument("run_dir")
+    audit.add_argument("--sample", type=int, default=4, help="completed trials to re-evaluate besides the best (4)")
+    audit.add_argument("--retrain", type=int, default=0, metavar="K", help="also re-train K sampled trials (0)")
+    audit.add_argument("--seed", type=int, default=0, help="seed of the samples (0)")
+    audit.add_argument(
+        "--speed-factor",
+        type=float,
+        default=4.0,
+        help="--retrain fails when recorded epochs are more than this many times faster than this machine's (4)",
+    )
+
     report = sub.add_parser("report", help="write a self-contained HTML report for a run")
     report.add_argument("run_dir")
     report.add_argument("--output", "-o", default=None, help="where to write (default RUN_DIR/report.html)")
@@ -259,6 +273,21 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def _cmd_audit(args: argparse.Namespace) -> int:
+    """Exit 0 audited, 1 a trial (or the ledger) did not reproduce, 2 the run or its dataset could not be read."""
+    import math
+
+    from aiperf.engine.audit import audit_run
+
+    if args.sample < 0 or args.retrain < 0:
+        raise AiperfError("--sample and --retrain take a count of trials, 0 or more")
+    if not math.isfinite(args.speed_factor) or args.speed_factor < 1:
+        raise AiperfError("--speed-factor must be a number of at least 1")
+    result = audit_run(_run_dir(args.run_dir), args.sample, args.retrain, args.seed, args.speed_factor)
+    print(result.message, file=_stdout())
+    return 0 if result.ok else 1
+
+
 def _cmd_report(args: argparse.Namespace) -> int:
     from aiperf.record.report import write_report
 
@@ -324,6 +353,7 @@ COMMANDS = {
     "summary": _cmd_summary,
     "verify": _cmd_verify,
     "report": _cmd_report,
+    "audit": _cmd_audit,
     "make-imagenet": _cmd_make_imagenet,
     "scaling": _cmd_scaling,
 }

@@ -5,15 +5,20 @@ each kept set is also written to the run directory so ``--resume`` can still han
 children after a master restart. Weights reach workers through the pool (Ray's object
 store), never through a shared filesystem.
 
-The files are a convenience for ``--resume``, not results: when one cannot be written (a
-full disk) the set stays in memory, no partial file is left, the run goes on, and the
-problem is reported once per cause through ``on_warning``.
+The files are a convenience for ``--resume`` and the evidence ``aiperf audit`` re-evaluates:
+each file's SHA-256 and size are known the moment it is written (:meth:`WeightStore.saved`),
+so the master can record them in the ledger and a file swapped afterwards is detected. When
+one cannot be written (a full disk) the set stays in memory, no partial file is left, the run
+goes on, and the problem is reported once per cause through ``on_warning``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import io
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +30,43 @@ from aiperf.record.files import write_atomic
 Weights = dict[int, list[np.ndarray]]
 
 
-def save_weights(weights: Weights, path: Path) -> None:
-    """Write atomically (unique temp file + rename) so a crash or a full disk never leaves a partial file."""
-    arrays = {f"{node}:{k}": a for node, arrs in weights.items() for k, a in enumerate(arrs)}
-    write_atomic(path, lambda fh: np.savez(fh, **arrays))
+@dataclass(frozen=True)
+class SavedFile:
+    """A weights file as written: its path relative to the run directory, SHA-256 and size of its bytes."""
+
+    file: str
+    sha256: str
+    size: int
+
+
+def weights_bytes(weights: Weights) -> bytes:
+    """The ``.npz`` bytes of a weight set (arrays named ``node:index``)."""
+    arrays: dict[str, Any] = {f"{node}:{k}": a for node, arrs in weights.items() for k, a in enumerate(arrs)}
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
+def file_sha256(path: str | Path) -> tuple[str, int]:
+    """SHA-256 hex and size of a file's bytes (read in chunks: weight files can be large)."""
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+            size += len(chunk)
+    return digest.hexdigest(), size
+
+
+def save_weights(weights: Weights, path: Path) -> tuple[str, int]:
+    """Write atomically (unique temp file + rename) so a crash or a full disk never leaves a partial file.
+
+    Returns the SHA-256 hex and size of the bytes written: hashed from the very bytes that go
+    to disk, not re-read, so what the ledger records is what this process wrote.
+    """
+    data = weights_bytes(weights)
+    write_atomic(path, data)
+    return hashlib.sha256(data).hexdigest(), len(data)
 
 
 def load_weights(path: Path) -> Weights:
@@ -57,6 +95,7 @@ class WeightStore:
         self._weights: dict[str, Weights] = {}
         self._score: dict[str, float] = {}
         self._refs: dict[str, Any] = {}
+        self._saved: dict[str, SavedFile] = {}
 
     def __contains__(self, trial: str) -> bool:
         return trial in self._weights
@@ -76,7 +115,8 @@ class WeightStore:
         if self.directory:
             path = self.directory / f"{trial}.npz"
             try:
-                save_weights(weights, path)
+                digest, size = save_weights(weights, path)
+                self._saved[trial] = SavedFile(f"{self.directory.name}/{path.name}", digest, size)
             except OSError as exc:
                 if exc.errno not in self._warned:
                     self._warned.add(exc.errno)
@@ -88,9 +128,14 @@ class WeightStore:
         self._weights.pop(trial, None)
         self._score.pop(trial, None)
         self._refs.pop(trial, None)
+        self._saved.pop(trial, None)
         if self.directory:
             with contextlib.suppress(OSError):
                 (self.directory / f"{trial}.npz").unlink(missing_ok=True)
+
+    def saved(self, trial: str) -> SavedFile | None:
+        """The file this store wrote for ``trial`` in this session (None: not kept, not written, or evicted)."""
+        return self._saved.get(trial)
 
     def get(self, trial: str) -> Weights | None:
         return self._weights.get(trial)

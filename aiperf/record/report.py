@@ -172,6 +172,13 @@ def _headline(summary: dict[str, Any]) -> str:
     )
     badge = f'<span class="badge {_verdict_class(v)}" id="verdict">{_e(v["headline"])}</span>'
     notes = "".join(f'<p class="note" id="verdict-note">{_e(n)}</p>' for n in v.get("notes") or [])
+    if "comparable" in v:  # summaries written before workloads carried their rules have no such field
+        notes += (
+            f'<p class="sub" id="verdict-workload">Workload {_e(v.get("workload"))}, under its own rules'
+            " (comparable with other runs of it).</p>"
+            if v["comparable"]
+            else f'<p class="note" id="verdict-workload">custom rules: not comparable: {_e("; ".join(v["custom"]))}</p>'
+        )
     rules = [
         f"<tr><td>{_e(r['name'])}</td><td>{_e(r['measured'])}</td><td>{_e(r['required'])}</td>"
         f'<td class="{"pass" if r["passed"] else "fail"}">{"pass" if r["passed"] else "FAIL"}</td></tr>'
@@ -352,6 +359,44 @@ def _system(header: dict[str, Any], summary: dict[str, Any]) -> str:
     )
 
 
+def _audit_section(run_dir: str | Path, summary: dict[str, Any]) -> str:
+    """What ``aiperf audit`` found (``audit.json``), when it has been run: when, what, pass/fail per trial."""
+    from aiperf.record.audit_file import read_audit
+
+    data = read_audit(run_dir) if run_dir else None
+    if data is None:
+        return ""
+    try:
+        when = datetime.fromtimestamp(float(data.get("audited_at", 0)), UTC).strftime("%Y-%m-%d %H:%M UTC")
+    except (TypeError, ValueError, OverflowError, OSError):
+        when = "?"
+    ledger, options = data.get("ledger"), data.get("options")  # audit.json may come from anyone: types checked
+    ledger, options = (ledger if isinstance(ledger, dict) else {}), (options if isinstance(options, dict) else {})
+    stale = ledger.get("last_hash") != summary["ledger"]["last_hash"]
+    badge = "passed" if data.get("ok") is True else "FAILED"
+    note = " <b>(stale: the ledger has changed since)</b>" if stale else ""
+    what = (
+        f"ledger verified, weight hashes checked, best trial and {options.get('sample')} sampled trial(s)"
+        f" re-evaluated, {options.get('retrain')} re-trained (seed {options.get('seed')},"
+        f" speed factor {options.get('speed_factor')})"
+    )
+    trials = data.get("trials")
+    trials = trials if isinstance(trials, list) else []
+    rows = [
+        f"<tr><td>{_e(c.get('trial'))}</td><td>{_e(c.get('check'))}</td><td>{_e(c.get('status'))}</td>"
+        f"<td>{_e(c.get('detail'))}</td></tr>"
+        for c in trials
+        if isinstance(c, dict)
+    ]
+    machine = data.get("machine")
+    machine = machine if isinstance(machine, dict) else {}
+    return (
+        f"<h2>Audit: {badge}</h2><p>{_e(data.get('message'))}{note}</p>"
+        + _pairs([("audited", when), ("checked", what), ("machine", ", ".join(f"{k} {v}" for k, v in machine.items()))])
+        + (_table(["trial", "check", "result", "detail"], rows) if rows else "")
+    )
+
+
 def render_report(results: RunResults, summary: dict[str, Any], run_dir: str | Path = "") -> str:
     """The page as a string."""
     header = results.header
@@ -370,6 +415,7 @@ def render_report(results: RunResults, summary: dict[str, Any], run_dir: str | P
         + _top_architectures(results)
         + _input_section(summary)
         + _system(header, summary)
+        + _audit_section(run_dir, summary)
         + f"<footer>Computed from {ledger['records']} ledger records; last hash <code>{_e(ledger['last_hash'])}</code>."
         f" Check it with <code>aiperf verify {_e(run_dir)}</code>. Report generated {generated}.</footer>"
     )

@@ -1,0 +1,610 @@
+"""``aiperf audit``: check a run by doing its work again.
+
+``aiperf verify`` re-derives what a ledger claims from the ledger itself, and a keyless hash
+chain only catches accidents and naive edits: a ledger rewritten with fresh hashes and a
+matching ``summary.json`` verifies. The audit goes back to the evidence:
+
+1. the cheap checks first: the run must pass ``aiperf verify`` (called, not repeated here);
+2. every stored weights file is hashed and compared with the ``weights`` record the master
+   wrote the moment it saved the file (a file changed afterwards fails, by name);
+3. re-evaluation: the best trial and a seeded sample of other completed trials are rebuilt
+   from their recorded architecture with their stored weights, evaluated on the held-out
+   split the run used (the dataset reloaded from the recorded config, its fingerprint
+   checked) under the recorded precision policy, and must give the ``val_acc`` recorded for
+   the epoch whose weights were stored (the trial's last epoch);
+4. ``--retrain K``: K sampled trials are trained again from their recorded spec
+   (architecture, hyperparameters, seed, inherited parent weights) through the workers' own
+   code (:class:`~aiperf.cluster.worker.TrialWorker`), in this process; each epoch's
+   ``val_acc`` must agree within :data:`RETRAIN_ACC_TOLERANCE` and the recorded seconds per
+   epoch must not be more than ``speed_factor`` times faster than this machine's.
+
+The result is written beside the run as ``audit.json`` and shown by ``aiperf report``
+(:mod:`aiperf.record.audit_file` reads it).
+Unreadable input (no run, no dataset, another dataset) raises
+:class:`~aiperf.errors.AiperfError` (exit 2); a check that fails is exit 1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import hashlib
+import json
+import os
+import platform
+import random
+import stat
+import time
+import zipfile
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from aiperf.errors import AiperfError, excerpt
+from aiperf.record.audit_file import AUDIT_NAME
+from aiperf.record.files import write_atomic
+from aiperf.record.ledger import read_ledger_contents
+from aiperf.record.verify import verify_run
+
+# Re-evaluation is deterministic given the weights, the data and the code; what can differ on
+# another machine (or thread count) is the summation order inside the framework's kernels, which
+# moves logits by ~1e-6 and can flip the arg-max of an image whose top two logits are that close.
+# So the re-evaluated accuracy may differ from the recorded one by at most this many validation
+# images. Measured on the development box: 0 (equal to the last bit) for every trial re-evaluated.
+REEVAL_TOLERANCE_IMAGES = 1
+# Per-epoch val_acc of a re-trained trial. Measured on the development box (2-core AMD EPYC,
+# TensorFlow CPU): re-training smoke-run trials with the run's 1 thread, with 2 threads and with
+# oneDNN off reproduced every recorded epoch to the last bit. CPU training is still not
+# bit-reproducible across CPU models, libraries and devices, and a small divergence grows over an
+# epoch of SGD: 0.03 (11 of the 359 digits validation images) is a judgement for that case, not a
+# measured bound (docs/results.md).
+RETRAIN_ACC_TOLERANCE = 0.03
+DEFAULT_SAMPLE = 4
+DEFAULT_SPEED_FACTOR = 4.0
+MAX_LISTED = 10
+
+
+@dataclass
+class TrialCheck:
+    """One re-evaluated or re-trained trial: what the ledger says, what this machine measured."""
+
+    trial: str
+    check: str  # "reevaluate" | "retrain"
+    status: str  # "pass" | "fail" | "skipped"
+    detail: str
+    epoch: int | None = None
+    recorded: Any = None
+    measured: Any = None
+
+
+@dataclass
+class AuditResult:
+    ok: bool
+    message: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+# --- reading the ledger -------------------------------------------------------------------------
+
+
+@dataclass
+class _Trial:
+    start: dict[str, Any]  # the latest trial_start
+    requeued: bool = False  # a later attempt resumed it (from an in-memory checkpoint no file keeps)
+    status: str | None = None
+    epochs: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)  # (attempt, epoch) -> record
+    weights: dict[str, Any] | None = None
+
+
+def _trials(records: list[dict[str, Any]]) -> dict[str, _Trial]:
+    trials: dict[str, _Trial] = {}
+    for rec in records:
+        kind = rec.get("type")
+        if kind == "trial_start":
+            prior = trials.get(rec["trial"])
+            trials[rec["trial"]] = _Trial(rec, requeued=prior is not None and prior.requeued)
+            if prior:
+                trials[rec["trial"]].epochs = prior.epochs
+        elif kind in ("epoch", "trial_end", "weights", "requeue") and rec.get("trial") in trials:
+            t = trials[rec["trial"]]
+            if kind == "epoch":
+                t.epochs[(rec.get("attempt", 0), rec["epoch"])] = rec
+            elif kind == "trial_end":
+                t.status = rec.get("status")
+            elif kind == "weights":
+                t.weights = rec
+            else:
+                t.requeued = True
+    return trials
+
+
+def _weights_path(run_dir: Path, rec: dict[str, Any]) -> Path | None:
+    """The file a ``weights`` record names, or None unless it is ``RUN_DIR/weights/<its trial>.npz``."""
+    name = rec.get("file")
+    if not isinstance(name, str) or not name.isprintable() or len(name) > 200:
+        return None
+    parts = PurePosixPath(name).parts
+    if parts != ("weights", f"{rec.get('trial')}.npz"):  # each trial's own file, nothing else
+        return None
+    return run_dir / parts[0] / parts[1]
+
+
+def hash_regular_file(path: Path) -> tuple[str, int]:
+    """SHA-256 hex and size of a regular file (a FIFO or device raises ``OSError``, never blocks)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        digest, size = hashlib.sha256(), 0
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            while chunk := fh.read(1 << 20):
+                digest.update(chunk)
+                size += len(chunk)
+        return digest.hexdigest(), size
+    finally:
+        os.close(fd)
+
+
+def check_weight_files(run_dir: Path, trials: dict[str, _Trial]) -> tuple[list[str], dict[str, str], list[str]]:
+    """Hash every file the ledger names; returns (problems, {trial: 'ok'|'missing'}, unrecorded files)."""
+    problems: list[str] = []
+    state: dict[str, str] = {}
+    named: set[Path] = set()
+    for trial, t in trials.items():
+        rec = t.weights
+        if rec is None:
+            continue
+        path = _weights_path(run_dir, rec)
+        if path is None:
+            name = excerpt(rec.get("file"))
+            problems.append(
+                f"trial {trial}: its weights record (seq {rec['seq']}) names {name}, not a file in weights/"
+            )
+            state[trial] = "bad"
+            continue
+        named.add(path)
+        try:
+            digest, size = hash_regular_file(path)
+        except FileNotFoundError:
+            state[trial] = "missing"  # evicted: the store keeps only the best sets
+            continue
+        except OSError as exc:
+            problems.append(f"trial {trial}: {rec['file']} cannot be read ({exc.strerror or exc})")
+            state[trial] = "bad"
+            continue
+        if digest != rec.get("sha256") or size != rec.get("bytes"):
+            problems.append(
+                f"trial {trial}: {rec['file']} has SHA-256 {digest[:16]}... ({size:,} bytes) but the ledger "
+                f"(seq {rec['seq']}) recorded {str(rec.get('sha256'))[:16]}... ({rec.get('bytes')} bytes): "
+                "the file was changed after the run wrote it"
+            )
+            state[trial] = "bad"
+        else:
+            state[trial] = "ok"
+    unrecorded = []
+    with contextlib.suppress(OSError):
+        unrecorded = sorted(
+            f"weights/{p.name}" for p in (run_dir / "weights").glob("t*.npz") if p not in named and p.is_file()
+        )
+    return problems, state, unrecorded
+
+
+def _best(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The epoch the summary calls best (same rule as ``build_summary``)."""
+    epochs = [r for r in records if r.get("type") == "epoch"]
+    return max(epochs, key=lambda r: (r["val_acc"], -r["seq"]), default=None)
+
+
+# --- doing the work again -----------------------------------------------------------------------
+
+
+def _threads(header: dict[str, Any]) -> int:
+    """The threads one trial had in the run (the plan's), at most this machine's CPUs."""
+    plan = header.get("plan") or {}
+    recorded = plan.get("threads_per_trial")
+    n = recorded if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded > 0 else 1
+    return max(1, min(n, os.cpu_count() or 1))
+
+
+def machine_description(backend: str, threads: int) -> dict[str, Any]:
+    """What this machine is, recorded beside the audit's timings."""
+    from aiperf.training.backend import cpu_model, describe_device
+
+    device = describe_device(backend)
+    return {
+        "hostname": platform.node(),
+        "cpu_model": cpu_model(),
+        "cpus": os.cpu_count(),
+        "threads": threads,
+        "device": f"{device.kind}: {device.name}" + (f" x{device.count}" if device.count > 1 else ""),
+        "backend": backend,
+        "python": platform.python_version(),
+    }
+
+
+@contextlib.contextmanager
+def _native_stderr_muted() -> Iterator[None]:
+    """Send file descriptor 2 to /dev/null while the frameworks work: their native libraries write
+    informational lines there that would bury the audit's one-line errors. Python exceptions raised
+    meanwhile still reach the caller (and are reported after the descriptor is restored); a hard
+    crash of a native library would lose its message (run ``python -m aiperf.cli audit`` under
+    ``AIPERF_DEBUG=1`` to see it)."""
+    if os.environ.get("AIPERF_DEBUG"):
+        yield
+        return
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 2)
+        os.close(null)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _load_data(cfg: Any, header: dict[str, Any]) -> Any:
+    from aiperf.datasets import load_dataset
+
+    dataset = load_dataset(cfg.dataset)
+    recorded = (header.get("dataset") or {}).get("fingerprint")
+    if dataset.fingerprint() != recorded:
+        raise AiperfError(
+            f"the dataset {dataset.name} on this machine ({dataset.source}) is not the one the run used: its "
+            f"fingerprint {dataset.fingerprint()[:16]}... differs from run_start's {excerpt(recorded)}"
+        )
+    return dataset
+
+
+def _trainer_settings(cfg: Any, precision: str) -> Any:
+    """The workers' trainer settings for this config, as a worker on a CPU sets them."""
+    from aiperf.training.trainer import TrainerSettings
+
+    return TrainerSettings(
+        precision=precision,
+        bn_momentum=float(cfg.model.bn_momentum),
+        momentum=float(cfg.train.momentum),
+        eval_batch_size=int(cfg.train.eval_batch_size),
+        max_batch_size=int(cfg.train.max_batch_size),
+        max_bad_fraction=float(cfg.dataset.max_bad_fraction),
+        shuffle_buffer=int(cfg.dataset.shuffle_buffer),
+    )
+
+
+def reevaluate(run_dir: Path, cfg: Any, dataset: Any, backend: str, trial: str, t: _Trial) -> TrialCheck:
+    """Rebuild ``trial`` from its recorded architecture and stored weights; compare the stored epoch's val_acc."""
+    from aiperf.engine.weights import load_weights
+    from aiperf.training.input_pipeline import eval_batch_size
+    from aiperf.training.trainer import TrialRunner, classification_metrics
+    from aiperf.training.trial import apply_hparams
+    from nas.serialize import graph_from_dict
+
+    w = t.weights
+    assert w is not None
+    epoch = t.epochs.get((int(w.get("attempt", 0)), int(w["epoch"])))
+    if epoch is None:
+        which = f"epoch {w.get('epoch')} of attempt {w.get('attempt', 0)}"
+        detail = f"its weights record (seq {w['seq']}) names {which}, which the ledger does not record"
+        return TrialCheck(trial, "reevaluate", "fail", detail)
+    path = _weights_path(run_dir, w)
+    assert path is not None
+    try:
+        weights = load_weights(path)
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
+        return TrialCheck(trial, "reevaluate", "fail", f"{w['file']} cannot be loaded ({exc})", epoch["epoch"])
+    graph = apply_hparams(graph_from_dict(t.start["graph"]), t.start.get("hparams") or {})
+    runner = TrialRunner(dataset, _trainer_settings(cfg, epoch["precision"]), backend)
+    try:
+        model = runner._build(graph, weights)  # the workers' builder, dtype policy and weight loading
+    except Exception as exc:  # weights of another shape: the file is not this architecture's
+        return TrialCheck(trial, "reevaluate", "fail", f"{w['file']} does not fit its architecture ({exc})")
+    batch = eval_batch_size(dataset.val_size, max(int(epoch.get("batch_size") or 1), runner.settings.eval_batch_size))
+    try:
+        logits, labels, _ = runner._evaluate(model, batch)  # the workers' evaluation of the held-out split
+    except Exception as exc:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        return TrialCheck(trial, "reevaluate", "fail", f"evaluating it raised {type(exc).__name__}: {reason}")
+    _, val_acc = classification_metrics(logits, labels)
+    recorded = epoch["val_acc"]
+    images = len(labels)
+    off = round(abs(val_acc - recorded) * images)
+    detail = (
+        f"epoch {epoch['epoch']} (its stored weights): recorded val_acc {recorded:.4f}, re-evaluated {val_acc:.4f}"
+        f" on {images} held-out images"
+    )
+    ok = abs(val_acc - recorded) * images <= REEVAL_TOLERANCE_IMAGES + 1e-9
+    if not ok:
+        detail += f" ({off} images apart; at most {REEVAL_TOLERANCE_IMAGES} allowed)"
+    return TrialCheck(trial, "reevaluate", "pass" if ok else "fail", detail, epoch["epoch"], recorded, val_acc)
+
+
+def retrain(
+    worker: Any, run_dir: Path, trial: str, t: _Trial, trials: dict[str, _Trial], speed_factor: float
+) -> TrialCheck:
+    """Train ``trial`` again through the worker's code and compare its accuracy curve and epoch times."""
+    from aiperf.cluster.messages import EpochReport
+    from aiperf.engine.weights import load_weights
+    from aiperf.training.trial import TrialSpec
+
+    s = t.start
+    parent_graph = parent_weights = None
+    if s.get("inherit"):
+        parent = trials[s["inherit"]]
+        assert parent.weights is not None
+        path = _weights_path(run_dir, parent.weights)
+        assert path is not None
+        parent_weights = load_weights(path)
+        parent_graph = parent.start["graph"]
+    spec = TrialSpec(
+        trial_id=trial,
+        kind=s["kind"],
+        graph=s["graph"],
+        hparams=dict(s["hparams"]),
+        seed=s["seed"],
+        parent_graph=parent_graph,
+        morphs=list(s.get("morphs") or []) if parent_graph is not None else [],
+        checkpoint_every_epoch=False,
+    )
+    recorded = [t.epochs[k] for k in sorted(t.epochs) if k[0] == 0]
+    measured: list[dict[str, Any]] = []
+    run = worker.run_trial(spec.to_dict(), parent_weights)
+    try:
+        for item in run:
+            if isinstance(item, EpochReport):
+                measured.append({"val_acc": item.val_acc, "train_s": item.train_s, "eval_s": item.eval_s})
+                if len(measured) == len(recorded):
+                    break  # a trial the run stopped early: its recorded epochs are all there is to compare
+    except Exception as exc:  # the recorded spec does not train here: it does not reproduce
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        return TrialCheck(trial, "retrain", "fail", f"re-training it raised {type(exc).__name__}: {reason}")
+    finally:
+        run.close()
+    curve = [(r["val_acc"], m["val_acc"]) for r, m in zip(recorded, measured, strict=False)]
+    rec_s = sum(r["train_s"] + r["eval_s"] for r in recorded) / len(recorded)
+    got_s = sum(m["train_s"] + m["eval_s"] for m in measured) / max(1, len(measured))
+    data = {"val_acc": [a for a, _ in curve], "epoch_s": rec_s}
+    got = {"val_acc": [b for _, b in curve], "epoch_s": got_s}
+    text = ", ".join(f"{a:.4f}/{b:.4f}" for a, b in curve)
+    detail = (
+        f"{len(curve)} epoch(s), val_acc recorded/re-trained {text}; {rec_s:.2f} s per epoch recorded, "
+        f"{got_s:.2f} s here"
+    )
+    if len(measured) < len(recorded):
+        why = f"re-training gave {len(measured)} epochs, the ledger records {len(recorded)}; {detail}"
+        return TrialCheck(trial, "retrain", "fail", why, None, data, got)
+    for n, (a, b) in enumerate(curve, start=1):
+        if abs(a - b) > RETRAIN_ACC_TOLERANCE:
+            why = f"epoch {n}: recorded val_acc {a:.4f}, re-trained {b:.4f} (more than {RETRAIN_ACC_TOLERANCE} apart)"
+            return TrialCheck(trial, "retrain", "fail", f"{why}; {detail}", n, data, got)
+    if rec_s * speed_factor < got_s:
+        why = (
+            f"the ledger's epochs ({rec_s:.3f} s) are more than {speed_factor:g}x faster than this machine "
+            f"trains them ({got_s:.2f} s; --speed-factor)"
+        )
+        return TrialCheck(trial, "retrain", "fail", f"{why}; {detail}", None, data, got)
+    return TrialCheck(trial, "retrain", "pass", detail, None, data, got)
+
+
+def _without_weights(trial: str, t: _Trial, state: str | None, best: bool) -> TrialCheck:
+    """A sampled trial with no weights file: skipped, unless it is the best trial and should have one."""
+    if best and state == "missing" and t.weights is not None:
+        detail = f"the best trial's weights file {t.weights['file']} is missing"
+        return TrialCheck(trial, "reevaluate", "fail", detail)
+    if best and t.status == "completed":
+        return TrialCheck(
+            trial, "reevaluate", "fail", "the best trial completed but the ledger records no weights file"
+        )
+    why = "evicted from weights/" if state == "missing" else f"it ended {t.status or 'unfinished'}, none were stored"
+    return TrialCheck(trial, "reevaluate", "skipped", f"no weights to re-evaluate ({why})")
+
+
+def _retrainable(trial: str, t: _Trial, trials: dict[str, _Trial], files: dict[str, str]) -> bool:
+    """Trained in one attempt from its start, with a recorded seed and (if it inherits) its parent's weights on disk."""
+    s = t.start
+    if (
+        t.requeued
+        or t.status not in ("completed", "stopped")  # a failed trial fails again; a lost one has no end
+        or s.get("attempt", 0)
+        or s.get("start_epoch", 0)
+        or not isinstance(s.get("seed"), int)
+        or not t.epochs
+    ):
+        return False
+    if not all(k[0] == 0 for k in t.epochs) or not all("train_s" in e and "eval_s" in e for e in t.epochs.values()):
+        return False
+    parent = s.get("inherit")
+    return parent is None or (parent in trials and files.get(parent) == "ok")
+
+
+# --- all of it ----------------------------------------------------------------------------------
+
+
+def _reevaluate_targets(
+    run_dir: Path,
+    cfg: Any,
+    dataset: Any,
+    trials: dict[str, _Trial],
+    files: dict[str, str],
+    targets: list[str],
+    best_trial: str | None,
+    checks: list[TrialCheck],
+) -> list[str]:
+    """Re-evaluate every target with weights on disk; returns the targets that had none."""
+    no_weights = []
+    for trial in targets:
+        t = trials[trial]
+        if files.get(trial) == "ok":
+            checks.append(reevaluate(run_dir, cfg, dataset, cfg.model.backend, trial, t))
+        else:
+            no_weights.append(trial)
+            checks.append(_without_weights(trial, t, files.get(trial), trial == best_trial))
+    return no_weights
+
+
+def _retrain_sample(
+    run_dir: Path,
+    cfg: Any,
+    dataset: Any,
+    trials: dict[str, _Trial],
+    files: dict[str, str],
+    how: tuple[int, int, int, float],
+    checks: list[TrialCheck],
+    notes: list[str],
+) -> None:
+    """Re-train a seeded sample of the trials that can be, each through a :class:`TrialWorker` of this process."""
+    from aiperf.cluster.worker import TrialWorker, WorkerSettings
+
+    count, seed, threads, speed_factor = how
+    pool = sorted(t for t, v in trials.items() if _retrainable(t, v, trials, files))
+    picks = random.Random(seed + 1).sample(pool, min(count, len(pool)))
+    if len(picks) < count:
+        notes.append(f"--retrain {count}: only {len(pool)} trial(s) can be re-trained from their recorded spec")
+    base = dataclasses.replace(WorkerSettings.from_config(cfg), threads=threads, data_parallel=1)
+    workers: dict[str, Any] = {}
+    for trial in sorted(picks):
+        precision = next(iter(trials[trial].epochs.values()))["precision"]  # the policy the run used
+        if precision not in workers:
+            workers[precision] = TrialWorker("audit", dataset, dataclasses.replace(base, precision=precision))
+        checks.append(retrain(workers[precision], run_dir, trial, trials[trial], trials, speed_factor))
+
+
+def audit_run(
+    run_dir: str | Path,
+    sample: int = DEFAULT_SAMPLE,
+    retrain_count: int = 0,
+    seed: int = 0,
+    speed_factor: float = DEFAULT_SPEED_FACTOR,
+) -> AuditResult:
+    """Audit a finished run; the result is also written to ``RUN_DIR/audit.json``.
+
+    Raises :class:`~aiperf.errors.AiperfError` for input that cannot be audited (exit 2).
+    """
+    from aiperf.config import config_from_dict
+    from aiperf.record.runlock import live_holder
+
+    run_dir = Path(run_dir)
+    holder = live_holder(run_dir)
+    if holder is not None:
+        raise AiperfError(f"{run_dir}: the run is still going ({holder.describe()}); audit it when it has finished")
+    started = time.time()
+    checks: list[TrialCheck] = []
+    notes: list[str] = []
+    data: dict[str, Any] = {
+        "audited_at": round(started, 3),
+        "options": {"sample": sample, "retrain": retrain_count, "seed": seed, "speed_factor": speed_factor},
+        "tolerances": {"reevaluate_images": REEVAL_TOLERANCE_IMAGES, "retrain_val_acc": RETRAIN_ACC_TOLERANCE},
+    }
+    verified, verify_message = verify_run(run_dir)
+    data["verify"] = verify_message.splitlines()[0]
+    records = read_ledger_contents(run_dir).records
+    header = records[0]
+    data["run_id"] = header.get("run_id")
+    data["ledger"] = {"records": len(records), "last_hash": records[-1].get("hash")}
+    if not verified:
+        lines = [line.removeprefix("  also: ") for line in verify_message.splitlines()]
+        lines[0] = lines[0].replace("verify failed: ", "the ledger does not verify: ", 1)
+        return _finish(run_dir, data, lines, checks, notes)
+    trials = _trials(records)
+    problems, files, unrecorded = check_weight_files(run_dir, trials)
+    data["weight_files"] = {t: files[t] for t in sorted(files)}
+    if unrecorded:
+        listed = ", ".join(unrecorded[:5])
+        notes.append(f"{len(unrecorded)} file(s) in weights/ have no ledger record and were not used: {listed}")
+    if not any(t.weights for t in trials.values()):
+        raise AiperfError(
+            f"{run_dir}: the ledger records no weights files (written before aiperf hashed them, or no trial "
+            "completed): there is nothing to re-evaluate"
+        )
+    completed = sorted(t for t, v in trials.items() if v.status == "completed")
+    best = _best(records)
+    best_trial = best["trial"] if best else None
+    rng = random.Random(seed)
+    others = [t for t in completed if t != best_trial]
+    chosen = rng.sample(others, min(sample, len(others)))
+    targets = ([best_trial] if best_trial else []) + sorted(chosen)
+    if best is not None:
+        data["best"] = {"trial": best_trial, "epoch": best["epoch"], "val_acc": best["val_acc"]}
+    if problems:  # a weights file that is not what the run wrote: nothing computed from it can be trusted
+        return _finish(run_dir, data, problems, checks, notes)
+    try:
+        cfg = config_from_dict(header["config"])
+    except AiperfError as exc:
+        raise AiperfError(f"{run_dir}: the run's recorded config is not usable here: {exc}") from None
+    backend = cfg.model.backend
+    threads = _threads(header)
+    from aiperf.training.backend import check_backend_installed, configure_process
+
+    check_backend_installed(backend)
+    os.environ["KERAS_BACKEND"] = backend  # should a dataset loader import Keras, it binds the run's backend
+    # As the run's master does: the dataset before any framework starts (a wrong dataset fails fast).
+    dataset = _load_data(cfg, header)
+    # The frameworks' native libraries write informational lines to stderr that no log level silences
+    # (TensorFlow's even under JAX); the audit's findings go to stdout, its errors are raised.
+    with _native_stderr_muted():
+        configure_process(backend, threads)
+        data["machine"] = machine_description(backend, threads)
+        no_weights = _reevaluate_targets(run_dir, cfg, dataset, trials, files, targets, best_trial, checks)
+        if retrain_count > 0:
+            _retrain_sample(
+                run_dir, cfg, dataset, trials, files, (retrain_count, seed, threads, speed_factor), checks, notes
+            )
+    if best is not None and best_trial in trials:
+        stored = trials[best_trial].weights
+        if stored is None or stored.get("epoch") != best["epoch"] or stored.get("attempt", 0) != best.get("attempt", 0):
+            notes.append(
+                f"the best val_acc ({best['val_acc']:.4f}, trial {best_trial} epoch {best['epoch']}) is not an epoch "
+                "whose weights were stored: only --retrain re-checks it"
+            )
+    if no_weights:
+        notes.append(f"sampled trial(s) with no weights to re-evaluate: {', '.join(no_weights)}")
+    failed = [f"trial {c.trial}: {c.check}: {c.detail}" for c in checks if c.status == "fail"]
+    return _finish(run_dir, data, failed, checks, notes)
+
+
+def _finish(
+    run_dir: Path,
+    data: dict[str, Any],
+    problems: list[str],
+    checks: list[TrialCheck],
+    notes: list[str],
+) -> AuditResult:
+    """Compose the message and write ``audit.json`` (atomically)."""
+    reevaluated = [c.trial for c in checks if c.check == "reevaluate" and c.status != "skipped"]
+    retrained = [c.trial for c in checks if c.check == "retrain"]
+    ok = not problems
+    if ok:
+        hashed = sum(1 for v in data.get("weight_files", {}).values() if v == "ok")
+        lines = [
+            f"audited: run {data.get('run_id')}: {len(reevaluated)} trial(s) re-evaluated"
+            f" ({', '.join(reevaluated) or 'none'}), {len(retrained)} re-trained ({', '.join(retrained) or 'none'});"
+            f" {hashed} weights file(s) match their ledger hashes; ledger verified"
+        ]
+    else:
+        lines = [f"audit failed: {problems[0]}"]
+        lines += [f"  also: {p}" for p in problems[1:MAX_LISTED]]
+        if len(problems) > MAX_LISTED:
+            lines.append(f"  ... and {len(problems) - MAX_LISTED} more problems")
+    lines += [f"  {c.status}: trial {c.trial} {c.check}: {c.detail}" for c in checks if c.status != "fail" or ok]
+    lines += [f"  note: {n}" for n in notes]
+    message = "\n".join(lines)
+    data.update(
+        ok=ok,
+        message=lines[0],
+        problems=problems,
+        notes=notes,
+        trials=[{k: v for k, v in asdict(c).items() if v is not None} for c in checks],
+        duration_s=round(time.time() - data["audited_at"], 3),
+    )
+    path = run_dir / AUDIT_NAME
+    try:
+        write_atomic(path, (json.dumps(data, indent=1, sort_keys=True, allow_nan=False) + "\n").encode())
+    except (OSError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise AiperfError(f"{message}\n{path}: cannot write the audit result ({reason})", exit_code=1) from None
+    return AuditResult(ok, message, data)
