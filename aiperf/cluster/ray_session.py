@@ -138,6 +138,11 @@ def start_ray(
 ) -> RaySession:
     """Join ``address`` (or ``RAY_ADDRESS``) if given, else start a loopback-only local instance."""
     _quiet_ray()
+    # The pool reads every result it consumes (pool.py, _drain); the only unread errors are those
+    # of trials still queued on a worker when the run ends (a run stopped because its trials all
+    # fail the same way leaves one or two). Ray would print each one's traceback on stderr when
+    # its reference is dropped, around the run's own one-line reason. Read by the driver only.
+    os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
     import ray
 
     address = address or os.environ.get("RAY_ADDRESS") or None
