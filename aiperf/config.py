@@ -134,6 +134,13 @@ class TrainConfig(_Section):
     dropout: float = Field(DEFAULT_HPARAMS["dropout"], ge=0, lt=1)
     kernel_size: Literal[1, 3, 5, 7] = DEFAULT_HPARAMS["kernel_size"]
     eval_batch_size: int = Field(512, ge=1)
+    compiled_models: int = Field(
+        4,
+        ge=0,
+        le=64,
+        description="architectures each worker keeps compiled, so a re-tune or re-queued trial of one starts "
+        "without tracing or compiling (0: build and compile every trial afresh)",
+    )
 
     @field_validator("batch_size")
     @classmethod

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import keras
 import numpy as np
 import pytest
 from helpers import REPO, cli_env
@@ -52,11 +53,15 @@ def test_every_hyperparameter_reaches_training(digits):
     assert all(e["train_images"] == e["steps"] * 32 for e in epochs)
     model = runner.last_model
     opt = model.optimizer
-    assert float(opt._learning_rate.initial_learning_rate) == pytest.approx(0.0123)  # learning rate (cosine)
-    assert float(opt.learning_rate.numpy()) <= 0.0123
-    assert float(opt.weight_decay) == pytest.approx(0.0031)  # weight decay
-    dropouts = [layer for layer in model.layers if layer.__class__.__name__ == "Dropout"]
-    assert dropouts and all(layer.rate == pytest.approx(0.37) for layer in dropouts)  # dropout
+    steps = digits.train_size // 32
+    assert float(opt.base_rate.numpy()) == pytest.approx(0.0123)  # learning rate, the cosine schedule's start
+    assert float(opt.decay_steps.numpy()) == 3 * steps  # the schedule spans the trial's epochs
+    assert int(opt.iterations.numpy()) == 3 * steps
+    assert float(opt.learning_rate.numpy()) == pytest.approx(0.0123 * 0.01)  # ... and ended at its floor
+    assert float(opt.decay.numpy()) == pytest.approx(0.0031)  # weight decay
+    assert float(opt.momentum_rate.numpy()) == pytest.approx(0.9)  # momentum (the config's)
+    dropouts = [layer for layer in model.layers if isinstance(layer, keras.layers.Dropout)]
+    assert dropouts and all(float(layer.rate_value.numpy()) == pytest.approx(0.37) for layer in dropouts)  # dropout
     kernels = {tuple(layer.kernel_size) for layer in model.layers if layer.__class__.__name__ == "Conv2D"}
     assert (5, 5) in kernels  # kernel size of the new layer
     done = items[-1]

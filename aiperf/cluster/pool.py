@@ -19,7 +19,7 @@ import itertools
 import logging
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from aiperf.cluster.messages import EventKind, TrialMessage
@@ -172,12 +172,14 @@ class _Worker:
 class RayWorkerPool(WorkerPool):
     """Workers are Ray actors placed by the plan; trials stream their epochs back as generators."""
 
-    def __init__(self, cfg: Config, dataset: Dataset, nodes: list[NodeInfo], resync_s: float = 10.0) -> None:
+    def __init__(
+        self, cfg: Config, dataset: Dataset, nodes: list[NodeInfo], resync_s: float = 10.0, compile_cache: str = ""
+    ) -> None:
         import ray
 
         self._ray = ray
         self._cfg = cfg
-        self._settings = WorkerSettings.from_config(cfg)
+        self._settings = replace(WorkerSettings.from_config(cfg), compile_cache=compile_cache)
         self._dataset_ref = ray.put(dataset)
         self._actor_cls = ray.remote(max_restarts=0)(TrialWorker)
         self._workers: dict[str, _Worker] = {}

@@ -50,6 +50,8 @@ class WorkerSettings:
     decode_threads: int | Literal["auto"]
     max_bad_fraction: float
     shuffle_buffer: int
+    compiled_models: int
+    compile_cache: str = ""  # the run's persistent compilation cache (each node uses a folder of its own)
     threads: int = 1  # CPU threads of this worker's slot
     data_parallel: int = 1  # devices one trial trains on (per_node placement)
 
@@ -67,6 +69,7 @@ class WorkerSettings:
             decode_threads=cfg.dataset.decode_threads,
             max_bad_fraction=cfg.dataset.max_bad_fraction,
             shuffle_buffer=cfg.dataset.shuffle_buffer,
+            compiled_models=cfg.train.compiled_models,
         )
 
     def for_slot(self, slot: Slot) -> WorkerSettings:
@@ -79,10 +82,17 @@ class TrialWorker:
 
     def __init__(self, worker_id: str, dataset: Dataset, settings: WorkerSettings) -> None:
         t0 = time.monotonic()
-        from aiperf.training.backend import choose_jit, choose_precision, configure_process, describe_device, versions
+        from aiperf.training.backend import (
+            choose_jit,
+            choose_precision,
+            configure_process,
+            describe_device,
+            node_compile_cache,
+            versions,
+        )
 
         backend, threads = settings.backend, settings.threads
-        configure_process(backend, threads)
+        configure_process(backend, threads, node_compile_cache(settings.compile_cache))
         from aiperf.training.trainer import TrainerSettings, TrialRunner
 
         if dataset.streaming:
@@ -106,6 +116,7 @@ class TrialWorker:
             decode_threads=_decode_threads(settings.decode_threads, threads),
             max_bad_fraction=settings.max_bad_fraction,
             shuffle_buffer=settings.shuffle_buffer,
+            compiled_models=settings.compiled_models,
         )
         self.runner = TrialRunner(dataset, trainer, backend)
         self.versions = versions(backend)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import gc
 import itertools
 import re
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -33,6 +34,7 @@ from aiperf.engine.weights import WeightStore
 from aiperf.metrics.flops import GraphCost, aiperf_compatible_operations, count_flops, epoch_operations
 from aiperf.record.ledger import LedgerWriter
 from aiperf.record.schema import RecordType, RunStatus, TrialStatus
+from aiperf.training.compiled_models import compile_key
 from aiperf.training.trial import TrialSpec, Weights, apply_hparams
 from nas.graph import Graph
 from nas.proposer import Proposer, TrialProposal
@@ -59,6 +61,7 @@ class TrialState:
     worker: str | None = None
     best: float | None = None
     inherit: str | None = None  # the trial whose weights it actually starts from
+    compile_key: str = ""  # what a worker must have compiled to train it without compiling again
 
 
 @dataclass
@@ -72,6 +75,7 @@ class MasterSettings:
     stop_after_failures: int = 5
     dataset_images: int = 0  # training + validation images: the base of the bad-image share (0: no check)
     max_bad_fraction: float = 0.001
+    compiled_models: int = 4  # architectures each worker keeps compiled (train.compiled_models)
 
     @classmethod
     def from_config(cls, cfg: Config, dataset_images: int = 0) -> MasterSettings:
@@ -85,6 +89,7 @@ class MasterSettings:
             stop_after_failures=cfg.run.stop_after_failures,
             dataset_images=dataset_images,
             max_bad_fraction=cfg.dataset.max_bad_fraction,
+            compiled_models=cfg.train.compiled_models,
         )
 
 
@@ -136,6 +141,8 @@ class Master:
         self.trials: dict[str, TrialState] = {}
         self.active: dict[str, TrialState] = {}  # submitted and not ended
         self.retry_queue: list[TrialState] = []
+        self.compiled_on: dict[str, OrderedDict[str, None]] = {}  # worker -> architectures it has compiled (LRU)
+        self.held: dict[str, TrialState] = {}  # worker -> a trial kept for it: it has the architecture compiled
         self._ids = itertools.count(first_trial)
         self.proposed = first_trial
         self.completed = 0
@@ -194,7 +201,7 @@ class Master:
                     break
                 if now >= self.settings.time_budget_s:
                     break
-                if not self._may_propose() and not self.active and not self.retry_queue:
+                if not self._may_propose() and not self.active and not self.retry_queue and not self.held:
                     reason = f"all {self.proposed} trials finished"
                     break
                 self._handle(self.pool.sync())
@@ -230,7 +237,7 @@ class Master:
         proposal = self.proposer.ask(trial_id)
         graph = apply_hparams(proposal.graph, proposal.hparams)  # what the worker will build
         seed = self.settings.seed * 100_003 + self.proposed
-        state = TrialState(trial_id, proposal, count_flops(graph), seed, graph)
+        state = TrialState(trial_id, proposal, count_flops(graph), seed, graph, compile_key=compile_key(graph))
         self.trials[trial_id] = state
         return state
 
@@ -261,19 +268,69 @@ class Master:
 
     def _fill(self) -> None:
         for worker in self.pool.free_workers():
-            if self.retry_queue:
-                state = self.retry_queue.pop(0)
-            elif self._may_propose():
-                state = self._new_trial()
-                if self.proposed % 2000 == 0:
-                    gc.freeze()  # move what the search has accumulated out of the collector's view
-            else:
+            state = self._next_for(worker)
+            if state is None:
                 return
             spec, parent_ref, resume_ref = self._spec(state)
             state.worker = worker
             state.started = False
             self.active[state.trial_id] = state
             self.pool.submit(worker, state.trial_id, state.attempt, spec, parent_ref, resume_ref)
+            self._note_compiled(worker, state.compile_key)
+
+    def _next_for(self, worker: str) -> TrialState | None:
+        """The trial ``worker`` trains next: one held for it, a re-queued one, or a new proposal.
+
+        Affinity: a worker that has an architecture compiled trains it without tracing or
+        compiling again. A re-queued trial goes preferably to a free worker that has it. A new
+        proposal whose architecture only another worker has compiled (a re-tune, mostly) is
+        held for that worker, which takes it as soon as it is free, and this worker gets the
+        next proposal instead -- at most one trial is held per worker, so no worker ever
+        waits for work while another trial is held.
+        """
+        held = self.held.pop(worker, None)
+        if held is not None:
+            return held
+        if self.retry_queue:
+            mine = self.compiled_on.get(worker, {})
+            pick = next((s for s in self.retry_queue if s.compile_key in mine), self.retry_queue[0])
+            self.retry_queue.remove(pick)
+            return pick
+        while self._may_propose():
+            state = self._new_trial()
+            if self.proposed % 2000 == 0:
+                gc.freeze()  # move what the search has accumulated out of the collector's view
+            other = self._compiled_elsewhere(state.compile_key, worker)
+            if other is None:
+                return state
+            self.held[other] = state
+        return None
+
+    def _compiled_elsewhere(self, key: str, worker: str) -> str | None:
+        """Another live worker with ``key`` compiled and nothing held for it (None if ``worker`` has it too)."""
+        if key in self.compiled_on.get(worker, {}):
+            return None
+        for other, keys in self.compiled_on.items():
+            if other != worker and other not in self.held and other not in self.retired and key in keys:
+                return other
+        return None
+
+    def _note_compiled(self, worker: str, key: str) -> None:
+        """Mirror the worker's own cache of compiled models (same capacity, least recently used first out)."""
+        if self.settings.compiled_models <= 0:
+            return
+        keys = self.compiled_on.setdefault(worker, OrderedDict())
+        keys[key] = None
+        keys.move_to_end(key)
+        while len(keys) > self.settings.compiled_models:
+            keys.popitem(last=False)
+
+    def _release_held(self, worker: str) -> None:
+        """A worker that is gone takes nothing held for it: that trial never started, so it simply runs elsewhere."""
+        self.compiled_on.pop(worker, None)
+        state = self.held.pop(worker, None)
+        if state is not None:
+            self.retry_queue.append(state)
 
     # -- events ----------------------------------------------------------------------------------
     def _handle(self, events: list[PoolEvent]) -> None:
@@ -461,6 +518,7 @@ class Master:
             best_val_acc=state.best,
             startup_s=d.startup_s,
             first_step_s=d.first_step_s,
+            step_reused=d.step_reused,
             batch_size=d.batch_size,
             requested_batch_size=d.requested_batch_size,
             worker=ev.worker,
@@ -543,6 +601,7 @@ class Master:
         self.fail(f"{which} with the same error; the last on {failure.node}: {error}")
 
     def _on_lost(self, ev: PoolEvent) -> None:
+        self._release_held(ev.worker)
         self._record_worker(ev.worker, retired_because=ev.error)
 
     # -- the end ---------------------------------------------------------------------------------

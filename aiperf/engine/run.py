@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from nas.search import SearchSettings
 
 WEIGHTS_DIR = "weights"
+COMPILE_CACHE_DIR = "compile-cache"  # the backends' persistent compiled executables, one folder per node
 
 
 def new_run_id(name: str) -> str:
@@ -393,7 +394,7 @@ def _run(
             f"aiperf: run {run_id}: searching for {cfg.run.time_budget_s:g} s; ledger {run_dir / LEDGER_NAME}",
             file=out,
         )
-        pool = RayWorkerPool(cfg, dataset, nodes)
+        pool = RayWorkerPool(cfg, dataset, nodes, compile_cache=str(run_dir / COMPILE_CACHE_DIR))
         progress = Progress(cfg.run.progress_interval_s, cfg.run.time_budget_s, out)
         settings = MasterSettings.from_config(cfg, dataset_images=dataset.train_size + dataset.val_size)
         master = Master(

@@ -29,6 +29,7 @@ DATASET_FIELDS = ("name", "train_images", "eval_images", "input_shape", "num_cla
 
 def _worker_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
     workers = [r for r in records if r["type"] == "worker"]
+    ends = [r for r in records if r["type"] == "trial_end" and r.get("step_reused") is not None]
     fractions = [w["busy_fraction"] for w in workers if w.get("busy_fraction") is not None]
     steady = [w["steady_busy_fraction"] for w in workers if w.get("steady_busy_fraction") is not None]
     gaps = [w["idle_gaps"]["mean_s"] for w in workers if w.get("idle_gaps", {}).get("mean_s") is not None]
@@ -39,6 +40,9 @@ def _worker_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
         # Busy time less the first step of each completed trial (tracing/compilation + one step).
         "steady_busy_fraction_mean": sum(steady) / len(steady) if steady else None,
         "idle_gap_mean_s": sum(gaps) / len(gaps) if gaps else None,
+        # Completed trials whose worker reused a model it had compiled (no tracing, no compiling).
+        "trials_step_reused": sum(1 for r in ends if r["step_reused"]),
+        "trials_step_known": len(ends),
         "per_worker": {
             w["worker"]: {
                 "node": w.get("node"),
@@ -277,6 +281,8 @@ def format_workers(w: dict[str, Any]) -> str:
         text += f" ({100 * w['steady_busy_fraction_mean']:.0f}% excluding first steps/compilation)"
     if w.get("idle_gap_mean_s") is not None:
         text += f", {w['idle_gap_mean_s']:.2f} s mean gap between trials"
+    if w.get("trials_step_known"):
+        text += f", {w['trials_step_reused']} of {w['trials_step_known']} trials on an already compiled step"
     return text
 
 

@@ -13,10 +13,14 @@ import importlib.util
 import logging
 import os
 import platform
+import re
 import shutil
+import socket
 import subprocess
+import tempfile
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from aiperf.errors import AiperfError
@@ -24,6 +28,7 @@ from aiperf.errors import AiperfError
 logger = logging.getLogger(__name__)
 
 BACKENDS = ("tensorflow", "jax", "torch")
+MIN_CACHED_COMPILE_S = 0.5  # compilations shorter than this are not worth a file read
 BACKEND_PACKAGES = {"tensorflow": "tensorflow", "jax": "jax", "torch": "torch"}
 
 
@@ -61,8 +66,13 @@ class DeviceInfo:
         return asdict(self)
 
 
-def configure_process(backend: str, threads: int) -> None:
-    """Select the Keras backend and pin framework threads; must run before Keras is imported."""
+def configure_process(backend: str, threads: int, compile_cache: str = "") -> None:
+    """Select the Keras backend and pin framework threads; must run before Keras is imported.
+
+    ``compile_cache``: a directory for the backend's persistent compilation cache (JAX's
+    cache; TensorFlow's XLA cache, used when XLA is on), so a restarted worker or a resumed
+    run loads the executables it compiled before instead of compiling them again.
+    """
     os.environ["KERAS_BACKEND"] = backend
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
@@ -72,6 +82,13 @@ def configure_process(backend: str, threads: int) -> None:
         flags = os.environ.get("XLA_FLAGS", "")
         if threads == 1 and "xla_cpu_multi_thread_eigen" not in flags:
             os.environ["XLA_FLAGS"] = (flags + " --xla_cpu_multi_thread_eigen=false").strip()
+    if (
+        compile_cache
+        and backend == "tensorflow"
+        and "tf_xla_persistent_cache_directory" not in os.environ.get("TF_XLA_FLAGS", "")
+    ):
+        flags = os.environ.get("TF_XLA_FLAGS", "")
+        os.environ["TF_XLA_FLAGS"] = f"{flags} --tf_xla_persistent_cache_directory={compile_cache}".strip()
     if backend == "tensorflow":
         import tensorflow as tf
 
@@ -87,7 +104,33 @@ def configure_process(backend: str, threads: int) -> None:
         import torch
 
         torch.set_num_threads(threads)
+    if compile_cache and backend == "jax":
+        import jax
+
+        jax.config.update("jax_compilation_cache_dir", compile_cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_CACHED_COMPILE_S)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     import keras  # noqa: F401  (binds the backend now)
+
+
+def node_compile_cache(root: str) -> str:
+    """This node's directory of persistent compiled executables under ``root`` ("" if it cannot be made).
+
+    One directory per host: nodes that share the run directory do not write each other's
+    entries, and a node that cannot create it (no shared file system, read-only) falls back
+    to its local temporary directory.
+    """
+    if not root:
+        return ""
+    host = re.sub(r"[^\w.-]", "_", socket.gethostname()) or "node"
+    for base in (Path(root), Path(tempfile.gettempdir()) / "aiperf-compile-cache" / Path(root).parent.name):
+        path = base / host
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            return str(path)
+        except OSError:
+            continue
+    return ""
 
 
 def cpu_model() -> str:

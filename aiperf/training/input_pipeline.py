@@ -49,7 +49,9 @@ class TrainInput:
         self._counters = (wait_s, delivered)
         xs, ys = tf.constant(self.x), tf.constant(self.y)
         index = tf.data.Dataset.range(len(self.y)).shuffle(len(self.y), seed=self.seed, reshuffle_each_iteration=True)
-        batches_of = index.batch(self.batch, drop_remainder=True).take(self.steps)
+        # Whole batches only, but a batch dimension left unknown: one traced step serves every batch
+        # size, so a worker reusing a compiled model for a trial with another batch size does not retrace.
+        batches_of = index.take(self.images).batch(self.batch)
         pipeline = batches_of.map(lambda i: (tf.gather(xs, i), tf.gather(ys, i))).prefetch(1)
 
         def deliver(requested: Any, images: Any, labels: Any) -> tuple[Any, Any]:

@@ -19,31 +19,60 @@ Weights = dict[int, list[np.ndarray]]
 PIXELS_LAYER = "pixels"
 
 
+def he_normal_values(shape: tuple[int, ...], dtype: str = "float32") -> np.ndarray:
+    """A He-normal draw from NumPy's global RNG, as Keras's ``HeNormal`` computes it.
+
+    Truncated normal (redrawn beyond two standard deviations), std ``sqrt(2 / fan_in)`` with
+    Keras's fan-in and truncation correction. Seeded by ``keras.utils.set_random_seed``.
+    """
+    receptive = int(np.prod(shape[:-2])) if len(shape) > 2 else 1
+    fan_in = max(1, shape[-2] * receptive if len(shape) >= 2 else shape[0])
+    std = np.sqrt(2.0 / fan_in) / 0.87962566103423978  # Keras's truncation correction
+    values = np.random.standard_normal(shape)
+    outside = np.abs(values) > 2.0
+    while outside.any():
+        values[outside] = np.random.standard_normal(int(outside.sum()))
+        outside = np.abs(values) > 2.0
+    return (values * std).astype(dtype)
+
+
 def _host_he_normal(keras: Any) -> Any:
-    """Keras's He-normal initialiser, drawn with NumPy on the host.
+    """Keras's He-normal initialiser, drawn with NumPy on the host (:func:`he_normal_values`).
 
     On the JAX backend Keras's own random initialisers compile one XLA program per kernel
     shape, which made building a 30-layer net take ~6 s; one NumPy draw per layer takes
-    milliseconds. Same distribution (truncated normal, std sqrt(2 / fan_in) as Keras
-    computes fan_in), seeded by ``keras.utils.set_random_seed`` through NumPy's global RNG.
+    milliseconds.
     """
 
     class HostHeNormal(keras.initializers.Initializer):
         def __call__(self, shape: tuple[int, ...], dtype: Any = None) -> Any:
-            receptive = int(np.prod(shape[:-2])) if len(shape) > 2 else 1
-            fan_in = max(1, shape[-2] * receptive if len(shape) >= 2 else shape[0])
-            std = np.sqrt(2.0 / fan_in) / 0.87962566103423978  # Keras's truncation correction
-            values = np.random.standard_normal(shape)
-            outside = np.abs(values) > 2.0
-            while outside.any():
-                values[outside] = np.random.standard_normal(int(outside.sum()))
-                outside = np.abs(values) > 2.0
-            return keras.ops.convert_to_tensor((values * std).astype(dtype or "float32"))
+            return keras.ops.convert_to_tensor(he_normal_values(tuple(shape), dtype or "float32"))
 
         def get_config(self) -> dict[str, Any]:
             return {}
 
     return HostHeNormal()
+
+
+def initial_weights(graph: Graph) -> Weights:
+    """The weights a freshly built model of ``graph`` starts with, drawn in the same order.
+
+    Building a model draws every kernel, node by node, from NumPy's global RNG (biases,
+    BatchNorm scales and statistics are constants). This makes the same draws without a
+    model, so a worker that reuses an already compiled model of this architecture starts
+    a trial from exactly the weights a fresh build would have given it.
+    """
+    out: Weights = {}
+    for node in graph.nodes:
+        shapes = graph.weight_shapes(node.id)
+        if not shapes:
+            continue
+        if node.op == "bn":
+            ones, zeros = np.ones(shapes[0], np.float32), np.zeros(shapes[0], np.float32)
+            out[node.id] = [ones, zeros, zeros.copy(), ones.copy()]  # gamma, beta, moving mean, moving variance
+        else:  # conv, dwconv, dense: the kernel, then an optional zero bias
+            out[node.id] = [he_normal_values(tuple(shapes[0])), *(np.zeros(s, np.float32) for s in shapes[1:])]
+    return out
 
 
 def _layer(node: Node, keras: Any, dtype: Any, bn_momentum: float, output: bool) -> Any:
@@ -87,7 +116,9 @@ def _layer(node: Node, keras: Any, dtype: Any, bn_momentum: float, output: bool)
     if node.op == "dense":
         return L.Dense(a["units"], use_bias=a["use_bias"], kernel_initializer=_host_he_normal(keras), **kw)
     if node.op == "dropout":
-        return L.Dropout(a["rate"], **kw)
+        from aiperf.training.runtime_hparams import runtime_dropout
+
+        return runtime_dropout(keras)(a["rate"], **kw)
     if node.op == "add":
         return L.Add(**kw)
     if node.op == "concat":

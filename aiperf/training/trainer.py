@@ -28,8 +28,10 @@ from aiperf.datasets.bad_images import bad_image_limit, too_many_bad_images
 from aiperf.datasets.base import Dataset
 from aiperf.errors import AiperfError
 from aiperf.training.backend import is_out_of_memory
+from aiperf.training.compiled_models import CompiledModel, CompiledModels, compile_key
 from aiperf.training.input_pipeline import TrainInput, eval_batch_size, predict_all
-from aiperf.training.model import build_model, get_weights, set_weights
+from aiperf.training.model import build_model, get_weights, initial_weights, set_weights
+from aiperf.training.runtime_hparams import set_trial_hparams
 from aiperf.training.stream_input import TOO_MANY_BAD
 from aiperf.training.trial import TrialSpec, Weights, apply_hparams, inherit_weights
 
@@ -54,6 +56,7 @@ class TrainerSettings:
     decode_threads: int = 1  # streamed input: tf.data decode threads
     max_bad_fraction: float = 0.001  # undecodable images allowed, as a share of the dataset
     shuffle_buffer: int = 8192  # streamed TFRecord shards: records in the shuffle buffer
+    compiled_models: int = 4  # architectures kept compiled for later trials (0: build every trial afresh)
 
 
 def batch_limit(activation_bytes_per_image: float, device_memory_bytes: int, max_batch: int) -> int:
@@ -111,6 +114,7 @@ class TrialRunner:
         self._parallel = DataParallel(self.backend, settings.data_parallel)
         self.bad_limit = bad_image_limit(dataset.train_size + dataset.val_size, settings.max_bad_fraction)
         self.reported_bad: set[str] = set()  # names already sent to the master by this worker
+        self.compiled = CompiledModels(settings.compiled_models)
 
     # -- input ---------------------------------------------------------------------------------
     def _train_feed(self, batch: int, seed: int) -> TrainInput | TrainStream:
@@ -153,34 +157,23 @@ class TrialRunner:
         return AiperfError(f"{ds.name}: {message}")
 
     # -- pieces --------------------------------------------------------------------------------
-    def _compile(self, model: Any, hparams: dict[str, Any], steps_total: int, steps_done: int) -> None:
-        with self._parallel.scope():
-            self._compile_in_scope(model, hparams, steps_total, steps_done)
-
-    def _compile_in_scope(self, model: Any, hparams: dict[str, Any], steps_total: int, steps_done: int) -> None:
+    def _compile(self, model: Any) -> None:
+        """Compile once per model: every trial's hyperparameters are variables the step reads."""
         import keras
 
-        lr = float(hparams["learning_rate"])
-        schedule = keras.optimizers.schedules.CosineDecay(lr, decay_steps=max(1, steps_total), alpha=0.01)
-        optimizer = keras.optimizers.SGD(
-            learning_rate=schedule,
-            momentum=self.settings.momentum,
-            nesterov=True,
-            weight_decay=float(hparams["weight_decay"]) or None,
-        )
-        if float(hparams["weight_decay"]):
-            optimizer.exclude_from_weight_decay(var_names=["bias", "gamma", "beta"])
-        if self.settings.precision == "mixed_float16":
-            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-        model.compile(
-            optimizer=optimizer,
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-            metrics=["accuracy"],
-            jit_compile=self.settings.jit_compile,
-        )
-        if steps_done:
+        from aiperf.training.runtime_hparams import trial_sgd
+
+        with self._parallel.scope():
+            optimizer = trial_sgd(keras)()
+            if self.settings.precision == "mixed_float16":
+                optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+            model.compile(
+                optimizer=optimizer,
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                metrics=["accuracy"],
+                jit_compile=self.settings.jit_compile,
+            )
             optimizer.build(model.trainable_variables)
-            optimizer.iterations.assign(steps_done)
 
     def _build(self, graph: Any, weights: Weights | None) -> Any:
         with self._parallel.scope():
@@ -198,6 +191,35 @@ class TrialRunner:
             set_weights(model, graph, weights)
         return model
 
+    def _model_for(self, graph: Any, weights: Weights | None) -> tuple[CompiledModel, bool]:
+        """A compiled model of ``graph`` holding ``weights`` (a fresh start if None), and whether it was reused.
+
+        Either way the model starts from the same state: the kept model gets the weights a
+        fresh build would have drawn (:func:`initial_weights`, same RNG order) and its
+        optimizer's freshly built state back.
+        """
+        import keras
+
+        key = compile_key(graph)
+        entry = self.compiled.take(key)
+        if entry is not None:
+            set_weights(entry.model, graph, weights if weights is not None else initial_weights(graph))
+            entry.restart_optimizer()
+            return entry, True
+        self.compiled.make_room()
+        keras.backend.clear_session()  # Keras's global state only: models kept in the cache stay usable
+        self._parallel.activate()  # clear_session also dropped a process-wide distribution
+        model = self._build(graph, weights)
+        self._compile(model)
+        entry = CompiledModel.capture(key, model)
+        self.compiled.keep(entry)
+        return entry, False
+
+    def _prepare(self, entry: CompiledModel, graph: Any, spec: TrialSpec, steps: tuple[int, int]) -> None:
+        """Write this trial's hyperparameters and restart point into the compiled model."""
+        set_trial_hparams(entry.model, graph, spec.hparams, self.settings.momentum, steps, spec.seed)
+        entry.trials += 1
+
     # -- the trial -----------------------------------------------------------------------------
     def run(
         self, spec: TrialSpec, parent_weights: Weights | None = None, resume_weights: Weights | None = None
@@ -212,8 +234,6 @@ class TrialRunner:
 
         t0 = time.perf_counter()
         self.last_model = None
-        keras.backend.clear_session()  # drop the previous trial's graphs before building this one
-        self._parallel.activate()  # clear_session also dropped a process-wide distribution
         ds = self.dataset
         graph = apply_hparams(spec.architecture(), spec.hparams)
         keras.utils.set_random_seed(int(spec.seed) % (2**31))
@@ -234,8 +254,9 @@ class TrialRunner:
         feed = self._train_feed(batch, spec.seed)
         steps_per_epoch = feed.steps
         epochs = spec.epochs
-        model = self._build(graph, weights)
-        self._compile(model, spec.hparams, steps_per_epoch * epochs, steps_per_epoch * spec.start_epoch)
+        entry, reused = self._model_for(graph, weights)
+        model = entry.model
+        self._prepare(entry, graph, spec, (steps_per_epoch * epochs, steps_per_epoch * spec.start_epoch))
         self.last_model = model
         startup_s = time.perf_counter() - t0
         precision = model.get_layer(graph.nodes[1].label).dtype_policy.name
@@ -269,10 +290,10 @@ class TrialRunner:
                     feed = self._train_feed(batch, spec.seed)
                     steps_per_epoch = feed.steps
                     del model
-                    keras.backend.clear_session()
-                    self._parallel.activate()
-                    model = self._build(graph, weights)
-                    self._compile(model, spec.hparams, steps_per_epoch * epochs, steps_per_epoch * (epoch - 1))
+                    self.compiled.drop(entry.key)  # its memory is what ran out: build anew
+                    entry, _ = self._model_for(graph, weights)
+                    model = entry.model
+                    self._prepare(entry, graph, spec, (steps_per_epoch * epochs, steps_per_epoch * (epoch - 1)))
                     self.last_model = model
             train_s = time.perf_counter() - t_fit
             fed = feed.stats()
@@ -325,6 +346,7 @@ class TrialRunner:
             "weights": weights,
             "startup_s": startup_s,
             "first_step_s": first_step_s,
+            "step_reused": reused,
             "best_val_acc": best,
             "batch_size": batch,
             "requested_batch_size": requested,

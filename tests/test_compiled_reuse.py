@@ -1,0 +1,268 @@
+"""Trials start hot: a worker reuses the model it compiled for an architecture, and it trains exactly as a fresh build.
+
+Re-tunes and re-queued trials repeat an architecture with other hyperparameters. Those are
+runtime values of the compiled step, so the worker keeps its compiled models; these tests
+check that a kept model, after any other trials, trains a trial to the same numbers as a
+fresh build on every backend, that the optimizer is Keras's Nesterov SGD under cosine decay,
+and that the master sends trials to the worker that has their architecture compiled.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+import numpy as np
+import pytest
+from helpers import REPO, cli_env
+
+from aiperf.engine.master import Master, MasterSettings
+from aiperf.engine.weights import WeightStore
+from aiperf.record.ledger import LedgerWriter
+from aiperf.training.compiled_models import CompiledModels, compile_key
+from nas import zoo
+from nas.morph import Morph, apply_morph
+from nas.proposer import TrialKind, TrialProposal
+
+HP = {"learning_rate": 0.05, "batch_size": 32, "weight_decay": 5e-4, "dropout": 0.0, "kernel_size": 3, "epochs": 1}
+
+
+def _seed():
+    return zoo.small_resnet((8, 8, 1), 10, width=8, dropout=0.1)
+
+
+def _child():
+    g = _seed()
+    relu = next(n.id for n in g.nodes if n.op == "act")
+    return apply_morph(g, Morph("deeper", relu, size=3))[0]
+
+
+# -- which trials can share a compiled model --------------------------------------------------------
+def test_the_compile_key_ignores_dropout_rates_and_nothing_else():
+    g = _seed()
+    assert compile_key(g.with_dropout(0.1)) == compile_key(g.with_dropout(0.45))
+    assert compile_key(g) != compile_key(_child())
+    wider = apply_morph(g, Morph("wider", next(n.id for n in g.nodes if n.op == "conv"), size=12), rng=1)[0]
+    assert compile_key(g) != compile_key(wider)
+
+
+def test_the_cache_keeps_the_most_recently_used_models():
+    cache = CompiledModels(2)
+    for key in ("a", "b"):
+        cache.keep(_entry(key))
+    assert cache.take("a") is not None  # a is now the most recent
+    cache.keep(_entry("c"))
+    assert "b" not in cache and "a" in cache and "c" in cache
+    assert (cache.hits, cache.misses) == (1, 0)
+    assert cache.take("b") is None and cache.misses == 1
+    none = CompiledModels(0)
+    none.keep(_entry("a"))
+    assert len(none) == 0
+
+
+def _entry(key: str) -> Any:
+    from aiperf.training.compiled_models import CompiledModel
+
+    return CompiledModel(key, model=None, optimizer_start=[])
+
+
+# -- the master's affinity --------------------------------------------------------------------------
+class _ListProposer:
+    """Proposes the given graphs in order (a stand-in for the search)."""
+
+    def __init__(self, graphs: list[Any]) -> None:
+        self.graphs = list(graphs)
+
+    def ask(self, trial_id: str) -> TrialProposal:
+        return TrialProposal(self.graphs.pop(0), TrialKind.TUNE, dict(HP))
+
+    def tell(self, *args: Any) -> None:
+        pass
+
+    def forget(self, *args: Any) -> None:
+        pass
+
+
+class _Pool:
+    def __init__(self, free: list[str]) -> None:
+        self.free = free
+        self.submitted: list[tuple[str, str]] = []
+
+    def free_workers(self) -> list[str]:
+        return list(self.free)
+
+    def submit(self, worker: str, trial: str, *args: Any) -> None:
+        self.submitted.append((worker, trial))
+
+    def put(self, value: Any) -> Any:
+        return value
+
+    def worker_info(self, worker: str) -> dict[str, Any]:
+        return {}
+
+
+def _master(tmp_path, graphs, free, compiled_models=4):
+    settings = MasterSettings(time_budget_s=100.0, compiled_models=compiled_models)
+    pool = _Pool(free)
+    master = Master(settings, _ListProposer(graphs), pool, LedgerWriter(tmp_path), WeightStore(4), clock=lambda: 0.0)
+    return master, pool
+
+
+def test_a_trial_another_worker_has_compiled_waits_for_it_and_this_worker_gets_the_next(tmp_path):
+    seed, child = _seed(), _child()
+    master, pool = _master(tmp_path, [seed.with_dropout(0.3), child], free=["w0"])
+    master._note_compiled("w1", compile_key(seed))
+    master._fill()
+    assert pool.submitted == [("w0", "t00001")]  # the child; the re-tune of the seed is held for w1
+    assert master.held["w1"].trial_id == "t00000"
+    pool.free = ["w1"]
+    master._fill()
+    assert pool.submitted[-1] == ("w1", "t00000")
+    assert not master.held
+
+
+def test_a_worker_that_has_the_architecture_takes_it_itself(tmp_path):
+    seed = _seed()
+    master, pool = _master(tmp_path, [seed.with_dropout(0.2)], free=["w0"])
+    master._note_compiled("w0", compile_key(seed))
+    master._note_compiled("w1", compile_key(seed))
+    master._fill()
+    assert pool.submitted == [("w0", "t00000")] and not master.held
+
+
+def test_a_held_trial_of_a_lost_worker_runs_elsewhere(tmp_path):
+    from aiperf.cluster.messages import EventKind
+    from aiperf.cluster.pool import PoolEvent
+
+    seed, child = _seed(), _child()
+    master, pool = _master(tmp_path, [seed, child], free=["w0"])
+    master._note_compiled("w1", compile_key(seed))
+    master._fill()
+    assert "w1" in master.held
+    master._handle([PoolEvent(EventKind.LOST, "w1", error="its node left the cluster", worker_lost=True)])
+    assert not master.held and [s.trial_id for s in master.retry_queue] == ["t00000"]
+    master._fill()  # w0 is still listed free here (a pool with depth 2)
+    assert pool.submitted[-1] == ("w0", "t00000")
+
+
+def test_re_queued_trials_go_to_the_worker_that_has_them_compiled(tmp_path):
+    seed, child = _seed(), _child()
+    master, pool = _master(tmp_path, [seed, child], free=["w0", "w1"], compiled_models=0)
+    master._fill()  # no affinity at capacity 0: the trials go in order
+    assert pool.submitted == [("w0", "t00000"), ("w1", "t00001")]
+    assert not master.compiled_on
+    master, pool = _master(tmp_path / "b", [], free=["w1"])
+    states = []
+    for graph in (seed, child):
+        master.proposer.graphs.append(graph)
+        states.append(master._new_trial())
+    master.retry_queue.extend(states)
+    master._note_compiled("w1", compile_key(child))
+    master._fill()
+    assert pool.submitted == [("w1", states[1].trial_id)]
+
+
+# -- the optimizer ---------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_the_trial_optimizer_steps_as_keras_sgd_under_cosine_decay():
+    """Same model, same gradients: TrialSGD and Keras's SGD(nesterov, weight decay) + CosineDecay agree."""
+    import keras
+
+    from aiperf.training.runtime_hparams import COSINE_ALPHA, NO_DECAY, trial_sgd
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(64, 6)).astype("float32"), rng.integers(0, 3, 64)
+
+    def model():
+        keras.utils.set_random_seed(1)
+        inp = keras.Input((6,))
+        out = keras.layers.Dense(3, name="head")(keras.layers.BatchNormalization(name="bn")(inp))
+        return keras.Model(inp, out)
+
+    lr, wd, steps = 0.2, 0.01, 5
+    ours = model()
+    optimizer = trial_sgd(keras)()
+    ours.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    optimizer.build(ours.trainable_variables)
+    optimizer.base_rate.assign(lr)
+    optimizer.decay_steps.assign(float(steps))
+    optimizer.decay.assign(wd)
+    optimizer.momentum_rate.assign(0.9)
+    theirs = model()
+    schedule = keras.optimizers.schedules.CosineDecay(lr, decay_steps=steps, alpha=COSINE_ALPHA)
+    sgd = keras.optimizers.SGD(learning_rate=schedule, momentum=0.9, nesterov=True, weight_decay=wd)
+    sgd.exclude_from_weight_decay(var_names=list(NO_DECAY))
+    theirs.compile(optimizer=sgd, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    for m in (ours, theirs):
+        m.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)  # 8 steps: past the schedule's end
+    for a, b in zip(ours.get_weights(), theirs.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert float(optimizer.learning_rate.numpy()) == pytest.approx(float(sgd.learning_rate.numpy()))
+
+
+# -- reuse trains exactly as a fresh build, on every backend -------------------------------------------
+REUSE_SCRIPT = r"""
+import json, os, sys, tempfile
+backend, cache = sys.argv[1], sys.argv[2]
+from aiperf.training.backend import choose_jit, configure_process, describe_device
+configure_process(backend, 1, cache)
+jit = choose_jit("auto", backend, describe_device(backend))  # as a worker compiles: JAX always, the rest not on CPU
+from aiperf.config import DatasetConfig
+from aiperf.datasets import load_dataset
+from aiperf.training.trainer import TrainerSettings, TrialRunner
+from aiperf.training.trial import TrialSpec
+from nas import zoo
+from nas.morph import Morph, apply_morph
+
+ds = load_dataset(DatasetConfig(name="digits"))
+seed = zoo.small_resnet((8, 8, 1), 10, width=8, dropout=0.1)
+relu = next(n.id for n in seed.nodes if n.op == "act")
+child = apply_morph(seed, Morph("deeper", relu, size=3))[0]
+trial = {"learning_rate": 0.05, "batch_size": 64, "weight_decay": 5e-4, "dropout": 0.25, "kernel_size": 3, "epochs": 2}
+other = {"learning_rate": 0.01, "batch_size": 32, "weight_decay": 1e-3, "dropout": 0.0, "kernel_size": 3, "epochs": 1}
+
+def train(runner, graph, hp, seed_):
+    items = list(runner.run(TrialSpec("t", "tune", graph.to_dict(), hp, seed=seed_)))
+    epochs = [[i["train_loss"], i["train_acc"], i["val_acc"], i["val_loss"]] for i in items if i["type"] == "epoch"]
+    return {"epochs": epochs, "reused": items[-1]["step_reused"], "weights": float(sum(
+        abs(w).sum() for arrays in items[-1]["weights"].values() for w in arrays))}
+
+fresh = train(TrialRunner(ds, TrainerSettings(jit_compile=jit)), seed, trial, 3)
+runner = TrialRunner(ds, TrainerSettings(jit_compile=jit, compiled_models=2))
+first = train(runner, seed, other, 4)     # compiles the seed (other batch size, lr, decay, dropout)
+second = train(runner, child, other, 5)   # another architecture in between
+reused = train(runner, seed, trial, 3)    # the kept seed model, reset for this trial
+print("RESULT " + json.dumps({"fresh": fresh, "reused": reused, "flags": [first["reused"], second["reused"]]}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["tensorflow", "jax", "torch"])
+def test_a_reused_model_trains_exactly_as_a_fresh_build(backend, tmp_path):
+    if backend != "tensorflow":
+        pytest.importorskip(backend, reason=f"the {backend} backend is not installed")
+    script = tmp_path / "reuse.py"
+    script.write_text(REUSE_SCRIPT)
+    cache = tmp_path / "compile-cache"
+    env = cli_env()
+    env.pop("KERAS_BACKEND", None)
+    proc = subprocess.run(
+        [sys.executable, str(script), backend, str(cache)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=400,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))[7:])
+    assert result["flags"] == [False, False]
+    assert result["reused"]["reused"] is True and result["fresh"]["reused"] is False
+    assert len(result["reused"]["epochs"]) == 2
+    # Same seed, same hyperparameters: bit-for-bit the same trial, whatever the model trained before.
+    assert result["reused"]["epochs"] == result["fresh"]["epochs"]
+    assert result["reused"]["weights"] == result["fresh"]["weights"]
+    if backend == "jax":  # the persistent cache holds what this process compiled
+        assert cache.is_dir() and any(cache.iterdir())
