@@ -165,7 +165,8 @@ def keras_count(model, skip: tuple[str, ...]) -> dict:
         "shapes": shapes,
         "forward": forward + loss,
         "inference": inference + loss,
-        "params": model.count_params(),
+        # A dropout layer's rate is a runtime hyperparameter held in a variable (one scalar), not a parameter.
+        "params": model.count_params() - sum(1 for layer in model.layers if hasattr(layer, "rate_value")),
     }
 
 

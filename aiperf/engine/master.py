@@ -292,7 +292,7 @@ class Master:
         if held is not None:
             return held
         if self.retry_queue:
-            mine = self.compiled_on.get(worker, {})
+            mine = self.compiled_on.get(worker) or OrderedDict()
             pick = next((s for s in self.retry_queue if s.compile_key in mine), self.retry_queue[0])
             self.retry_queue.remove(pick)
             return pick
@@ -308,7 +308,7 @@ class Master:
 
     def _compiled_elsewhere(self, key: str, worker: str) -> str | None:
         """Another live worker with ``key`` compiled and nothing held for it (None if ``worker`` has it too)."""
-        if key in self.compiled_on.get(worker, {}):
+        if key in (self.compiled_on.get(worker) or ()):
             return None
         for other, keys in self.compiled_on.items():
             if other != worker and other not in self.held and other not in self.retired and key in keys:

@@ -65,12 +65,16 @@ def trial_sgd(keras: Any) -> type:
             index = self._get_variable_index(variable)
             rate = ops.cast(learning_rate, variable.dtype)
             gradient = ops.cast(gradient, variable.dtype)
-            if self._decays[index]:
-                self.assign_sub(variable, variable * ops.cast(self.decay, variable.dtype) * rate)
             m = self.momentums[index]
             momentum = ops.cast(self.momentum_rate, variable.dtype)
-            self.assign(m, m * momentum - gradient * rate)
-            self.assign_add(variable, m * momentum - gradient * rate)  # Nesterov: look ahead along the new velocity
+            velocity = m * momentum - gradient * rate
+            self.assign(m, velocity)
+            # One write per variable: decoupled decay, then the Nesterov look-ahead along the new velocity
+            # (Keras's SGD writes the decayed variable first; the sums round the same way).
+            decayed = (
+                variable - variable * ops.cast(self.decay, variable.dtype) * rate if self._decays[index] else variable
+            )
+            self.assign(variable, decayed + (velocity * momentum - gradient * rate))
 
     return TrialSGD
 
