@@ -268,11 +268,11 @@ def paired_runs(
 ) -> tuple[list[dict[str, Any]], float, list[float], dict[str, float]]:
     """Train the trial and time the reference; returns (trial items, trial wall s, reference images/s, set-up).
 
-    ``interleave``: one reference timing before each steady epoch, so a shared machine's
-    drifting load hits both alike (JAX). Otherwise the reference is timed ``reps`` times and
-    freed before the trial starts: with TensorFlow a second live model in the process makes
-    some of the trainer's ``model.fit`` calls stall for seconds after their last step (see
-    RESULTS.md), which a worker -- one model at a time -- never sees.
+    ``interleave`` (the default): one reference timing before each steady epoch, so a shared
+    machine's drifting load hits both alike; the paired ratio is the figure to compare. Otherwise
+    the reference is timed ``reps`` times and freed before the trial starts. (A second live model
+    once made TensorFlow's ``fit`` stall after its last step; that was tf.data's autotuner, which
+    the trainer's own input no longer runs: RESULTS.md.)
     """
     rates: list[float] = []
     if not interleave:
@@ -341,7 +341,7 @@ def measure(
         "batch_size": batch,
         "steps_per_epoch": steps,
         "remainder_images": args.remainder,
-        "interleaved": args.interleave if args.interleave is not None else args.backend == "jax",
+        "interleaved": args.interleave is not False,
         "epochs": epochs,
         "train_flop_per_image": train_flop,
         "eval_flop_per_image": eval_flop,
@@ -353,7 +353,7 @@ def measure(
     )
     runner = TrialRunner(dataset, settings)
     spec = TrialSpec("bench", "seed", graph.to_dict(), dict(HPARAMS, batch_size=batch, epochs=epochs), seed=1)
-    interleave = args.interleave if args.interleave is not None else args.backend == "jax"
+    interleave = args.interleave is not False
     items, wall, ref_rates, setup = paired_runs(
         runner,
         spec,
@@ -446,7 +446,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--interleave",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="alternate reference timings and trainer epochs (default: on for jax, off for tensorflow)",
+        help="alternate reference timings and trainer epochs (default: on; the paired ratio is the robust figure)",
     )
     p.add_argument(
         "--remainder",

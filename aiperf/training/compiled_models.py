@@ -78,9 +78,9 @@ class CompiledModels:
             self.make_room()
             self._models[entry.key] = entry
 
-    def drop(self, key: str) -> None:
-        """Forget a model that cannot be trusted any more (its trial ran out of memory)."""
-        self._models.pop(key, None)
+    def clear(self) -> None:
+        """Forget every kept model (a trial ran out of device memory: theirs is needed back)."""
+        self._models.clear()
 
     def __len__(self) -> int:
         return len(self._models)

@@ -290,7 +290,7 @@ class TrialRunner:
                     feed = self._train_feed(batch, spec.seed)
                     steps_per_epoch = feed.steps
                     del model
-                    self.compiled.drop(entry.key)  # its memory is what ran out: build anew
+                    self.compiled.clear()  # device memory ran out: kept models give theirs back, this one is built anew
                     entry, _ = self._model_for(graph, weights)
                     model = entry.model
                     self._prepare(entry, graph, spec, (steps_per_epoch * epochs, steps_per_epoch * (epoch - 1)))
