@@ -123,6 +123,15 @@ def test_a_trial_another_worker_has_compiled_waits_for_it_and_this_worker_gets_t
     assert not master.held
 
 
+def test_at_the_trial_cap_a_held_trial_goes_to_the_idle_worker(tmp_path):
+    seed = _seed()
+    master, pool = _master(tmp_path, [seed, _child()], free=["w0"])
+    master.settings.max_trials = 1
+    master._note_compiled("w1", compile_key(seed))
+    master._fill()  # the only trial the cap allows is held for w1 at first, then w0 takes it rather than idle
+    assert pool.submitted == [("w0", "t00000")] and not master.held
+
+
 def test_a_worker_that_has_the_architecture_takes_it_itself(tmp_path):
     seed = _seed()
     master, pool = _master(tmp_path, [seed.with_dropout(0.2)], free=["w0"])
@@ -203,61 +212,66 @@ def test_the_trial_optimizer_steps_as_keras_sgd_under_cosine_decay():
 
 
 # -- reuse trains exactly as a fresh build, on every backend -------------------------------------------
+def reuse_trials(backend: str) -> dict[str, Any]:
+    """A trial trained by a fresh build, then on a kept model after two other trials (in the backend's process)."""
+    from aiperf.config import DatasetConfig
+    from aiperf.datasets import load_dataset
+    from aiperf.training.backend import choose_jit, describe_device
+    from aiperf.training.trainer import TrainerSettings, TrialRunner
+    from aiperf.training.trial import TrialSpec
+
+    jit = choose_jit("auto", backend, describe_device(backend))  # as a worker compiles: JAX always, the rest not on CPU
+    ds = load_dataset(DatasetConfig(name="digits"))
+    trial = {**HP, "batch_size": 64, "dropout": 0.25, "epochs": 2}
+    other = {**HP, "learning_rate": 0.01, "weight_decay": 1e-3}
+
+    def train(runner: Any, graph: Any, hp: dict[str, Any], seed: int) -> dict[str, Any]:
+        items = list(runner.run(TrialSpec("t", "tune", graph.to_dict(), hp, seed=seed)))
+        epochs = [[i["train_loss"], i["train_acc"], i["val_acc"], i["val_loss"]] for i in items if i["type"] == "epoch"]
+        total = sum(float(np.abs(w).sum()) for arrays in items[-1]["weights"].values() for w in arrays)
+        return {"epochs": epochs, "reused": items[-1]["step_reused"], "weights": total}
+
+    fresh = train(TrialRunner(ds, TrainerSettings(jit_compile=jit), backend), _seed(), trial, 3)
+    runner = TrialRunner(ds, TrainerSettings(jit_compile=jit, compiled_models=2), backend)
+    first = train(runner, _seed(), other, 4)  # compiles the seed (other batch size, rate, decay, dropout)
+    second = train(runner, _child(), other, 5)  # another architecture in between
+    reused = train(runner, _seed(), trial, 3)  # the kept seed model, reset for this trial
+    return {"fresh": fresh, "reused": reused, "flags": [first["reused"], second["reused"]]}
+
+
 REUSE_SCRIPT = r"""
-import json, os, sys, tempfile
+import json, sys
 backend, cache = sys.argv[1], sys.argv[2]
-from aiperf.training.backend import choose_jit, configure_process, describe_device
+from aiperf.training.backend import configure_process
 configure_process(backend, 1, cache)
-jit = choose_jit("auto", backend, describe_device(backend))  # as a worker compiles: JAX always, the rest not on CPU
-from aiperf.config import DatasetConfig
-from aiperf.datasets import load_dataset
-from aiperf.training.trainer import TrainerSettings, TrialRunner
-from aiperf.training.trial import TrialSpec
-from nas import zoo
-from nas.morph import Morph, apply_morph
-
-ds = load_dataset(DatasetConfig(name="digits"))
-seed = zoo.small_resnet((8, 8, 1), 10, width=8, dropout=0.1)
-relu = next(n.id for n in seed.nodes if n.op == "act")
-child = apply_morph(seed, Morph("deeper", relu, size=3))[0]
-trial = {"learning_rate": 0.05, "batch_size": 64, "weight_decay": 5e-4, "dropout": 0.25, "kernel_size": 3, "epochs": 2}
-other = {"learning_rate": 0.01, "batch_size": 32, "weight_decay": 1e-3, "dropout": 0.0, "kernel_size": 3, "epochs": 1}
-
-def train(runner, graph, hp, seed_):
-    items = list(runner.run(TrialSpec("t", "tune", graph.to_dict(), hp, seed=seed_)))
-    epochs = [[i["train_loss"], i["train_acc"], i["val_acc"], i["val_loss"]] for i in items if i["type"] == "epoch"]
-    return {"epochs": epochs, "reused": items[-1]["step_reused"], "weights": float(sum(
-        abs(w).sum() for arrays in items[-1]["weights"].values() for w in arrays))}
-
-fresh = train(TrialRunner(ds, TrainerSettings(jit_compile=jit)), seed, trial, 3)
-runner = TrialRunner(ds, TrainerSettings(jit_compile=jit, compiled_models=2))
-first = train(runner, seed, other, 4)     # compiles the seed (other batch size, lr, decay, dropout)
-second = train(runner, child, other, 5)   # another architecture in between
-reused = train(runner, seed, trial, 3)    # the kept seed model, reset for this trial
-print("RESULT " + json.dumps({"fresh": fresh, "reused": reused, "flags": [first["reused"], second["reused"]]}))
+sys.path.insert(0, "tests")
+from test_compiled_reuse import reuse_trials
+print("RESULT " + json.dumps(reuse_trials(backend)))
 """
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["tensorflow", "jax", "torch"])
 def test_a_reused_model_trains_exactly_as_a_fresh_build(backend, tmp_path):
-    if backend != "tensorflow":
-        pytest.importorskip(backend, reason=f"the {backend} backend is not installed")
-    script = tmp_path / "reuse.py"
-    script.write_text(REUSE_SCRIPT)
     cache = tmp_path / "compile-cache"
-    env = cli_env()
-    env.pop("KERAS_BACKEND", None)
-    proc = subprocess.run(
-        [sys.executable, str(script), backend, str(cache)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=400,
-        cwd=REPO,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))[7:])
+    if backend == "tensorflow":  # this process's backend
+        result = reuse_trials(backend)
+    else:
+        pytest.importorskip(backend, reason=f"the {backend} backend is not installed")
+        script = tmp_path / "reuse.py"
+        script.write_text(REUSE_SCRIPT)
+        env = cli_env()
+        env.pop("KERAS_BACKEND", None)
+        proc = subprocess.run(
+            [sys.executable, str(script), backend, str(cache)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=400,
+            cwd=REPO,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        result = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))[7:])
     assert result["flags"] == [False, False]
     assert result["reused"]["reused"] is True and result["fresh"]["reused"] is False
     assert len(result["reused"]["epochs"]) == 2

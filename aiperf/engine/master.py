@@ -304,6 +304,8 @@ class Master:
             if other is None:
                 return state
             self.held[other] = state
+        if self.held:  # nothing else to train (the trial cap is reached): a held trial must not leave this worker idle
+            return self.held.pop(next(iter(self.held)))
         return None
 
     def _compiled_elsewhere(self, key: str, worker: str) -> str | None:
