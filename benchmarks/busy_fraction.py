@@ -5,7 +5,8 @@ GPU utilisation (NVML, else nvidia-smi) and host CPU utilisation meanwhile, then
 the run's ledger and splits every worker's life into:
 
 * **steps**: the epochs' ``train_s + eval_s`` (what the engine calls busy); of which
-  **compile**: the trials' ``first_step_s`` (the first step of every trial compiles);
+  **compile**: the trials' ``compile_s`` (each first step less an ordinary step of its epoch: the
+  tracing/compiling alone; ``first_step_s`` in ledgers written before that field);
 * **idle between trials**: the epochs' ``idle_before_s`` (the previous trial's last step to
   this trial's first step: build, compile set-up, weight surgery, Ray hand-over);
 * **head**: worker ready -> its first trial's first step; **tail**: its last counted epoch ->
@@ -49,6 +50,12 @@ def _stats(values: list[float]) -> dict[str, float | None]:
     }
 
 
+def _compile_s(trial_end: dict[str, Any]) -> float:
+    """A completed trial's compilation: ``compile_s``, else (older ledgers) its whole first step."""
+    value = trial_end.get("compile_s")
+    return float(value if value is not None else trial_end.get("first_step_s") or 0.0)
+
+
 def worker_breakdown(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Each worker's alive time split into steps, compile, idle gaps, head, tail and the unaccounted rest."""
     epochs = [r for r in records if r["type"] == "epoch"]
@@ -62,7 +69,7 @@ def worker_breakdown(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]
         mine = [e for e in epochs if e.get("worker") == name]
         ready_t = w["t"] - alive
         steps = sum(e["train_s"] + e["eval_s"] for e in mine)
-        compile_s = sum(r.get("first_step_s") or 0.0 for r in ends if r.get("worker") == name)
+        compile_s = sum(_compile_s(r) for r in ends if r.get("worker") == name)
         gaps = [e["idle_before_s"] for e in mine if e.get("idle_before_s") is not None]
         head = (mine[0]["t"] - mine[0]["train_s"] - mine[0]["eval_s"] - ready_t) if mine else alive
         tail = (w["t"] - mine[-1]["t"]) if mine else 0.0
@@ -109,6 +116,7 @@ def analyse(records: list[dict[str, Any]]) -> dict[str, Any]:
         "idle_before_s": _stats([e["idle_before_s"] for e in epochs if e.get("idle_before_s") is not None]),
         "startup_s": _stats([r["startup_s"] for r in ends if r.get("startup_s") is not None]),
         "first_step_s": _stats([r["first_step_s"] for r in ends if r.get("first_step_s") is not None]),
+        "compile_s": _stats([r["compile_s"] for r in ends if r.get("compile_s") is not None]),
         "worker_init_s": _stats([r["init_s"] for r in records if r["type"] == "worker" and r.get("init_s")]),
         "run_wall_s": run_wall,
         "first_trial_t": min((r["t"] for r in records if r["type"] == "trial_start"), default=None),
@@ -211,7 +219,7 @@ def _print(out: dict[str, Any]) -> None:
         f"idle between trials {_pct(share['idle_gaps_s'])}, head {_pct(share['head_s'])}, "
         f"tail {_pct(share['tail_s'])}, unaccounted {_pct(share['unaccounted_s'])}"
     )
-    for key in ("idle_before_s", "startup_s", "first_step_s", "worker_init_s"):
+    for key in ("idle_before_s", "startup_s", "first_step_s", "compile_s", "worker_init_s"):
         s = out[key]
         if s["count"]:
             print(

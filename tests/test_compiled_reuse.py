@@ -239,6 +239,34 @@ def reuse_trials(backend: str) -> dict[str, Any]:
     return {"fresh": fresh, "reused": reused, "flags": [first["reused"], second["reused"]]}
 
 
+@pytest.mark.slow
+def test_each_architecture_traces_its_train_step_once_and_a_kept_one_never(monkeypatch):
+    """A first trace that creates variables (Keras's metrics) makes TensorFlow trace the step twice; not here."""
+    import keras
+
+    from aiperf.config import DatasetConfig
+    from aiperf.datasets import load_dataset
+    from aiperf.training.trainer import TrainerSettings, TrialRunner
+    from aiperf.training.trial import TrialSpec
+
+    traced: list[str] = []
+    train_step = keras.Model.train_step
+
+    def counted(self: Any, data: Any) -> Any:
+        traced.append(self.name)  # Python runs the step's body only while tracing it
+        return train_step(self, data)
+
+    monkeypatch.setattr(keras.Model, "train_step", counted)
+    runner = TrialRunner(load_dataset(DatasetConfig(name="digits")), TrainerSettings(compiled_models=2), "tensorflow")
+    per_trial = []
+    for seed, graph in enumerate((_seed(), _child(), _seed())):
+        before = len(traced)
+        items = list(runner.run(TrialSpec("t", "tune", graph.to_dict(), {**HP, "epochs": 2}, seed=seed)))
+        assert len([i for i in items if i["type"] == "epoch"]) == 2
+        per_trial.append(len(traced) - before)
+    assert per_trial == [1, 1, 0]
+
+
 REUSE_SCRIPT = r"""
 import json, sys
 backend, cache = sys.argv[1], sys.argv[2]

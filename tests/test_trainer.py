@@ -12,7 +12,15 @@ from helpers import REPO, cli_env
 
 from aiperf.config import DatasetConfig
 from aiperf.datasets import load_dataset
-from aiperf.training.trainer import TrainerSettings, TrialRunner, batch_limit, classification_metrics, evaluate_weights
+from aiperf.training.trainer import (
+    TrainerSettings,
+    TrialRunner,
+    batch_limit,
+    classification_metrics,
+    compile_overhead,
+    eval_compile_overhead,
+    evaluate_weights,
+)
 from aiperf.training.trial import TrialSpec, inherit_weights
 from nas import zoo
 from nas.morph import Morph, apply_morph
@@ -195,3 +203,13 @@ def test_data_parallel_over_two_devices(backend, tmp_path):
     assert int(replicas) == 2
     assert int(batch) == 64  # the per-device batch of 32 on each of two devices
     assert float(acc) > 0.3
+
+
+def test_compilation_is_the_first_step_beyond_an_ordinary_step_of_its_epoch():
+    # 10 steps in 1.9 s, the first 1.0 s: the other nine took 0.1 s each, so 0.9 s was tracing/compiling.
+    assert compile_overhead(1.0, 1.9, 10) == pytest.approx(0.9)
+    assert compile_overhead(0.05, 1.0, 11) == 0.0  # a first step no slower than the rest compiled nothing
+    assert compile_overhead(0.7, 0.7, 1) == 0.7  # nothing to compare with: all of it
+    # The first evaluation traces the predict step: its excess over the trial's later evaluations.
+    assert eval_compile_overhead([0.66, 0.34, 0.35]) == pytest.approx(0.32)
+    assert eval_compile_overhead([0.3, 0.34]) == 0.0 and eval_compile_overhead([0.66]) == 0.0

@@ -331,18 +331,22 @@ class RayWorkerPool(WorkerPool):
             ready = list(dict.fromkeys([*ready, *more]))
         for item in ready:
             w, task = owner[item]
-            if not w.alive:
-                continue
-            if task is None:
-                try:
-                    w.info = ray.get(item)
-                    self._refresh_free(w)
-                    events.append(PoolEvent(EventKind.READY, w.worker_id, data=w.info))
-                except Exception as exc:
-                    events.extend(self._lose(w, _first_line(exc), kind=EventKind.START_FAILED))
-                continue
-            events.extend(self._drain(w, task))
+            if w.alive and not w.info:
+                # The worker answered ``info`` before it began any trial, but Ray may deliver its trial's
+                # first message first: the master must know the worker (its node) before that message.
+                events.extend(self._take_info(w))
+            if task is not None and w.alive:
+                events.extend(self._drain(w, task))
         return events
+
+    def _take_info(self, w: _Worker) -> list[PoolEvent]:
+        """The worker's answer to ``info`` (it ran before any trial): ready, or a start failure."""
+        try:
+            w.info = self._ray.get(w.info_ref)
+        except Exception as exc:
+            return self._lose(w, _first_line(exc), kind=EventKind.START_FAILED)
+        self._refresh_free(w)
+        return [PoolEvent(EventKind.READY, w.worker_id, data=w.info)]
 
     def _drain(self, w: _Worker, task: _Task) -> list[PoolEvent]:
         """Take every ready item from a task's generator."""

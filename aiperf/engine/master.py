@@ -149,7 +149,7 @@ class Master:
         self.stop_requested: str | None = None
         self.worker_ready_t: dict[str, float] = {}
         self.worker_busy: dict[str, float] = {}
-        self.worker_compile: dict[str, float] = {}  # first steps (trace/compile + one step) of completed trials
+        self.worker_compile: dict[str, float] = {}  # completed trials' first steps less an ordinary step each
         self.worker_gaps: dict[str, list[float]] = {}
         self.worker_stats: dict[str, dict[str, Any]] = {}
         self.retired: set[str] = set()
@@ -506,8 +506,9 @@ class Master:
         if d.worker_stats:
             self.worker_stats[ev.worker] = d.worker_stats
         state.checkpoint = None
-        if d.first_step_s is not None:
-            self.worker_compile[ev.worker] = self.worker_compile.get(ev.worker, 0.0) + d.first_step_s
+        compile_s = d.compile_s if d.compile_s is not None else d.first_step_s
+        if compile_s is not None:
+            self.worker_compile[ev.worker] = self.worker_compile.get(ev.worker, 0.0) + compile_s
         best = state.best if state.best is not None else 0.0
         self.ledger.append(
             RecordType.TRIAL_END,
@@ -520,6 +521,7 @@ class Master:
             best_val_acc=state.best,
             startup_s=d.startup_s,
             first_step_s=d.first_step_s,
+            compile_s=d.compile_s,
             step_reused=d.step_reused,
             batch_size=d.batch_size,
             requested_batch_size=d.requested_batch_size,

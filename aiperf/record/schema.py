@@ -225,6 +225,7 @@ class TrialEnd(_Record):
     worker: str | None = None
     startup_s: Quantity | None = None
     first_step_s: Quantity | None = None
+    compile_s: Quantity | None = None
     step_reused: bool | None = None
     batch_size: Positive | None = None
     requested_batch_size: Positive | None = None

@@ -37,7 +37,7 @@ def _worker_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
         "count": len(workers),
         "busy_fraction_mean": sum(fractions) / len(fractions) if fractions else None,
         "busy_fraction_min": min(fractions) if fractions else None,
-        # Busy time less the first step of each completed trial (tracing/compilation + one step).
+        # Busy time less each completed trial's compilation (its first step beyond an ordinary step).
         "steady_busy_fraction_mean": sum(steady) / len(steady) if steady else None,
         "idle_gap_mean_s": sum(gaps) / len(gaps) if gaps else None,
         # Completed trials whose worker reused a model it had compiled (no tracing, no compiling).
@@ -278,7 +278,7 @@ def format_workers(w: dict[str, Any]) -> str:
     """One line: how much of the workers' lives went into training and evaluation steps."""
     text = f"{w['count']} worker(s), {100 * w['busy_fraction_mean']:.0f}% of their time in train/eval steps"
     if w.get("steady_busy_fraction_mean") is not None:
-        text += f" ({100 * w['steady_busy_fraction_mean']:.0f}% excluding first steps/compilation)"
+        text += f" ({100 * w['steady_busy_fraction_mean']:.0f}% excluding compilation)"
     if w.get("idle_gap_mean_s") is not None:
         text += f", {w['idle_gap_mean_s']:.2f} s mean gap between trials"
     if w.get("trials_step_known"):
