@@ -267,6 +267,32 @@ def test_each_architecture_traces_its_train_step_once_and_a_kept_one_never(monke
     assert per_trial == [1, 1, 0]
 
 
+@pytest.mark.slow
+def test_trials_keep_tensorflows_compiled_kernels_and_shuffle_the_same_after_any_global_seed(monkeypatch):
+    """Setting TensorFlow's global seed clears its kernel cache: a kept model would re-instantiate its steps."""
+    import tensorflow as tf
+
+    from aiperf.config import DatasetConfig
+    from aiperf.datasets import load_dataset
+    from aiperf.training.trainer import TrainerSettings, TrialRunner
+    from aiperf.training.trial import TrialSpec
+
+    set_seed = tf.random.set_seed
+    seeded: list[int] = []
+    monkeypatch.setattr(tf.random, "set_seed", lambda seed: (seeded.append(seed), set_seed(seed)))
+    runner = TrialRunner(load_dataset(DatasetConfig(name="digits")), TrainerSettings(compiled_models=2), "tensorflow")
+
+    def trial(seed: int) -> list:
+        items = list(runner.run(TrialSpec("t", "tune", _seed().to_dict(), {**HP, "epochs": 2}, seed=seed)))
+        return [[i["train_loss"], i["val_acc"]] for i in items if i["type"] == "epoch"]
+
+    first = trial(1)
+    trial(2)
+    assert len(seeded) <= 1, "only a global seed set by someone else is put back, once"
+    set_seed(12345)  # e.g. a user's keras.utils.set_random_seed between trials
+    assert trial(1) == first  # same shuffles, same dropout, same weights: the trial seed decides
+
+
 REUSE_SCRIPT = r"""
 import json, sys
 backend, cache = sys.argv[1], sys.argv[2]

@@ -23,7 +23,7 @@ def he_normal_values(shape: tuple[int, ...], dtype: str = "float32") -> np.ndarr
     """A He-normal draw from NumPy's global RNG, as Keras's ``HeNormal`` computes it.
 
     Truncated normal (redrawn beyond two standard deviations), std ``sqrt(2 / fan_in)`` with
-    Keras's fan-in and truncation correction. Seeded by ``keras.utils.set_random_seed``.
+    Keras's fan-in and truncation correction. Seeded per trial by ``aiperf.training.backend.seed_trial``.
     """
     receptive = int(np.prod(shape[:-2])) if len(shape) > 2 else 1
     fan_in = max(1, shape[-2] * receptive if len(shape) >= 2 else shape[0])

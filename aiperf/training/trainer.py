@@ -27,7 +27,7 @@ import numpy as np
 from aiperf.datasets.bad_images import bad_image_limit, too_many_bad_images
 from aiperf.datasets.base import Dataset
 from aiperf.errors import AiperfError
-from aiperf.training.backend import is_out_of_memory
+from aiperf.training.backend import is_out_of_memory, seed_trial
 from aiperf.training.compiled_models import CompiledModel, CompiledModels, compile_key
 from aiperf.training.input_pipeline import TrainInput, eval_batch_size, predict_all
 from aiperf.training.model import build_model, get_weights, initial_weights, set_weights
@@ -257,7 +257,7 @@ class TrialRunner:
         self.last_model = None
         ds = self.dataset
         graph = apply_hparams(spec.architecture(), spec.hparams)
-        keras.utils.set_random_seed(int(spec.seed) % (2**31))
+        seed_trial(int(spec.seed) % (2**31))
         if resume_weights is not None:
             weights: Weights | None = resume_weights
         elif parent_weights is not None:
