@@ -84,7 +84,7 @@ class TrialDone:
     weights: Weights
     startup_s: float | None = None  # build + compile + weight load
     first_step_s: float | None = None  # tracing/compilation plus one step
-    compile_s: float | None = None  # the first step less an ordinary step of its epoch: tracing/compilation alone
+    compile_s: float | None = None  # tracing/compilation alone: first step and first evaluation beyond ordinary ones
     step_reused: bool | None = None  # trained on a model this worker had already compiled
     best_val_acc: float | None = None
     batch_size: int | None = None

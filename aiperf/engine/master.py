@@ -149,7 +149,7 @@ class Master:
         self.stop_requested: str | None = None
         self.worker_ready_t: dict[str, float] = {}
         self.worker_busy: dict[str, float] = {}
-        self.worker_compile: dict[str, float] = {}  # completed trials' first steps less an ordinary step each
+        self.worker_compile: dict[str, float] = {}  # completed trials' compile_s (tracing/compilation alone)
         self.worker_gaps: dict[str, list[float]] = {}
         self.worker_stats: dict[str, dict[str, Any]] = {}
         self.retired: set[str] = set()

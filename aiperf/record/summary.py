@@ -37,7 +37,7 @@ def _worker_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
         "count": len(workers),
         "busy_fraction_mean": sum(fractions) / len(fractions) if fractions else None,
         "busy_fraction_min": min(fractions) if fractions else None,
-        # Busy time less each completed trial's compilation (its first step beyond an ordinary step).
+        # Busy time less each completed trial's compile_s (its first step and evaluation beyond ordinary ones).
         "steady_busy_fraction_mean": sum(steady) / len(steady) if steady else None,
         "idle_gap_mean_s": sum(gaps) / len(gaps) if gaps else None,
         # Completed trials whose worker reused a model it had compiled (no tracing, no compiling).

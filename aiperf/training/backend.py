@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from aiperf.errors import AiperfError
 
 logger = logging.getLogger(__name__)
@@ -142,8 +144,6 @@ def seed_trial(seed: int) -> None:
     global_state.set_global_attribute(keys[0], seed)
     global_state.set_global_attribute(keys[1], None)  # recreated from the seed at the next draw
     random.seed(seed)
-    import numpy as np
-
     np.random.seed(seed)
     if "tensorflow" in sys.modules:  # on JAX or torch only tf.data uses it, and only once imported
         import tensorflow as tf
