@@ -5,8 +5,8 @@ GPU utilisation (NVML, else nvidia-smi) and host CPU utilisation meanwhile, then
 the run's ledger and splits every worker's life into:
 
 * **steps**: the epochs' ``train_s + eval_s`` (what the engine calls busy); of which
-  **compile**: the trials' ``compile_s`` (each first step less an ordinary step of its epoch: the
-  tracing/compiling alone; ``first_step_s`` in ledgers written before that field);
+  **compile**: the trials' ``compile_s`` (each first step and first evaluation beyond an ordinary
+  one: the tracing/compiling alone; ``first_step_s`` in ledgers written before that field);
 * **idle between trials**: the epochs' ``idle_before_s`` (the previous trial's last step to
   this trial's first step: build, compile set-up, weight surgery, Ray hand-over);
 * **head**: worker ready -> its first trial's first step; **tail**: its last counted epoch ->
