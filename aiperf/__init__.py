@@ -2,7 +2,9 @@
 
 The packages, bottom layer first (a module never imports from a layer above its own):
 
-* ``aiperf.errors``, ``aiperf.config`` -- the one user-facing error type; the typed run config.
+* ``aiperf.errors``, ``aiperf.config`` -- the one user-facing error type; the typed run config;
+  ``aiperf.record.schema``, the typed ledger records every layer reads and writes (it imports
+  nothing of aiperf but ``errors``, so it sits at the bottom although it lives beside the ledger).
 * ``aiperf.metrics`` -- analytic FLOPs per layer, the score, the validity rules.
 * ``aiperf.datasets`` -- image classification datasets from local files, split and fingerprinted.
 * ``aiperf.training`` -- trial specs, graph -> Keras models, the trainer, input pipelines, backends.

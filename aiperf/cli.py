@@ -241,11 +241,12 @@ def _cmd_summary(args: argparse.Namespace) -> int:
     """Recompute and print; write summary.json unless a live master owns the directory."""
     from aiperf.record.ledger import LEDGER_NAME, read_ledger_contents
     from aiperf.record.runlock import live_holder
+    from aiperf.record.schema import parse_records
     from aiperf.record.summary import build_summary, format_summary, save_summary
 
     run_dir = _run_dir(args.run_dir)
-    contents = read_ledger_contents(run_dir)
-    summary = build_summary(run_dir, contents.records)
+    contents = read_ledger_contents(run_dir)  # read once: the records, and whether the tail is torn
+    summary = build_summary(run_dir, parse_records(contents.records, run_dir / LEDGER_NAME))
     torn = contents.torn_note(run_dir / LEDGER_NAME)
     if torn:
         _note(torn)

@@ -165,7 +165,7 @@ def overrides_for(args: argparse.Namespace) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    from aiperf.record.ledger import read_ledger
+    from aiperf.record.ledger import read_raw_ledger
 
     args = parse_args(argv)
     facts = common.machine_facts()
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     with common.UtilisationSampler(args.sample_s) as sampler:
         run_dir, wall, _ = common.run_cli(config, overrides, results, timeout_s=args.minutes * 60 + 900)
-    records = read_ledger(run_dir)
+    records = read_raw_ledger(run_dir)
     result = analyse(records)
     first_wall = next((r["wall"] for r in records if r["type"] == "trial_start"), records[0]["wall"])
     last_wall = records[-1]["wall"]

@@ -374,10 +374,10 @@ def figures(
 def analyse_aiperf(run_dir: Path) -> dict[str, Any]:
     """aiperf's figures from its ledger (OPS recounted from the trials' graphs) and its summary's score."""
     from aiperf.metrics.flops import count_flops, epoch_operations
-    from aiperf.record.ledger import read_ledger
+    from aiperf.record.ledger import read_raw_ledger
     from nas.serialize import graph_from_dict
 
-    records = read_ledger(run_dir)
+    records = read_raw_ledger(run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
     starts = {r["trial"]: r for r in records if r["type"] == "trial_start"}
     costs = {t: count_flops(graph_from_dict(r["graph"])) for t, r in starts.items()}

@@ -7,8 +7,9 @@
 2. Reading a ledger: a simulated run (the real master and search on a simulated pool, as
    ``aiperf scaling --simulate`` runs them) is read back as ``aiperf summary`` reads it, and
    the time per record is split into parsing (``json.loads``), the nesting-depth check, the
-   record-shape check (``aiperf.record.schema``) and the summary itself, so the share of the
-   checks in a summary of a large run is visible.
+   record-shape check (``aiperf.record.schema.parse_records``: each record validated into its
+   typed model) and the summary itself, so the share of the checks in a summary of a large run
+   is visible.
 
 Run from the repository root::
 
@@ -75,8 +76,8 @@ def refusals(repeats: int) -> dict[str, float]:
 def ledger_read(nodes: int, budget_s: float, repeats: int) -> dict[str, float]:
     from aiperf.config import load_config
     from aiperf.engine.scaling import SimulationSettings, simulate_run
-    from aiperf.record.ledger import _reject_constant, _too_deep, read_ledger_contents
-    from aiperf.record.schema import shape_problems
+    from aiperf.record.ledger import _reject_constant, _too_deep, read_ledger, read_ledger_contents
+    from aiperf.record.schema import parse_records
     from aiperf.record.summary import build_summary
     from nas import zoo
 
@@ -88,12 +89,13 @@ def ledger_read(nodes: int, budget_s: float, repeats: int) -> dict[str, float]:
     }  # fmt: skip
     simulate_run(cfg, nodes, run_dir, zoo.small_resnet((8, 8, 1), 10, width=8), dataset, SimulationSettings())
     lines = [ln for ln in (run_dir / "ledger.jsonl").read_bytes().split(b"\n") if ln]
-    records = read_ledger_contents(run_dir).records
+    raw = read_ledger_contents(run_dir).records
+    records = parse_records(raw)
     n = len(records)
     parse = _timed(lambda: [json.loads(ln, parse_constant=_reject_constant) for ln in lines], repeats)
     depth = _timed(lambda: [_too_deep(ln) for ln in lines], repeats)
-    shapes = _timed(lambda: shape_problems(records, limit=1), repeats)
-    read = _timed(lambda: read_ledger_contents(run_dir), repeats)
+    shapes = _timed(lambda: parse_records(raw), repeats)
+    read = _timed(lambda: read_ledger(run_dir), repeats)  # the JSON objects, then the typed records
     summary = _timed(lambda: build_summary(run_dir, records), repeats)
     return {
         "records": n,

@@ -53,6 +53,7 @@ from aiperf.engine.master import Master, MasterSettings
 from aiperf.engine.run import make_search
 from aiperf.engine.weights import WeightStore
 from aiperf.record.ledger import LedgerWriter
+from aiperf.record.schema import ConfigHeader, PlanHeader, RunStartRecord
 from nas import zoo
 from nas.proposer import Proposer, TrialProposal
 
@@ -252,7 +253,14 @@ def simulate(
         images=(50_000, 10_000),
     )
     ledger = LedgerWriter(ledger_dir)
-    ledger.append("run_start", t=0.0, run_id=f"scale-{workers}", config=cfg.to_dict(), plan=pool.plan.to_dict())
+    ledger.append(
+        RunStartRecord(
+            t=0.0,
+            run_id=f"scale-{workers}",
+            config=ConfigHeader(**cfg.to_dict()),
+            plan=PlanHeader(**pool.plan.to_dict()),
+        )
+    )
     budget = trial_s * trials_per_worker
     settings = MasterSettings(time_budget_s=budget, seed=seed, max_trial_retries=cfg.cluster.max_trial_retries)
     master = Master(settings, proposer, pool, ledger, WeightStore(cfg.cluster.keep_weights), clock=clock)

@@ -60,7 +60,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    from aiperf.record.ledger import read_ledger
+    from aiperf.record.ledger import read_raw_ledger
 
     args = parse_args(argv)
     facts = common.machine_facts()
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     run_dir, wall, _ = common.run_cli(args.config, overrides, results, timeout_s=args.minutes * 60 + 900)
     summary = json.loads((run_dir / "summary.json").read_text())
-    records = read_ledger(run_dir)
+    records = read_raw_ledger(run_dir)
     start = records[0]
     backend = start["plan"].get("backend") or args.backend or "tensorflow"
     kind = "gpu" if summary["devices"].get("gpus") else "cpu"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 from helpers import REPO, aiperf_cmd, cli_env
 
-from aiperf.engine.weights import WeightStore, load_weights
+from aiperf.engine.weights import WeightStore, file_sha256, load_weights
 from aiperf.record.audit_file import AUDIT_NAME, read_audit
 from aiperf.record.ledger import canonical, record_hash
 from aiperf.record.summary import build_summary, save_summary
@@ -101,6 +102,15 @@ def test_weight_store_hashes_what_it_writes(tmp_path):
     assert store.put("t00002", weights, 0.9)  # evicts t00001: its file and its hash go
     assert store.saved("t00001") is None and not (tmp_path / "weights/t00001.npz").exists()
     assert not store.put("t00003", weights, 0.1) and store.saved("t00003") is None
+
+
+def test_hashing_a_weights_file_refuses_what_is_not_a_regular_file(tmp_path):
+    """A FIFO where a weights file belongs (a run directory from someone else) fails at once, never blocks."""
+    os.mkfifo(tmp_path / "t00001.npz")
+    with pytest.raises(OSError, match="not a regular file"):
+        file_sha256(tmp_path / "t00001.npz")
+    (tmp_path / "t00002.npz").write_bytes(b"weights")
+    assert file_sha256(tmp_path / "t00002.npz") == (hashlib.sha256(b"weights").hexdigest(), 7)
 
 
 @pytest.mark.slow

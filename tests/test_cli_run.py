@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from helpers import REPO, aiperf_cmd, cli_env
 
-from aiperf.record.ledger import read_ledger, record_hash
+from aiperf.record.ledger import read_raw_ledger, record_hash
 
 pytestmark = pytest.mark.slow
 
@@ -22,7 +22,7 @@ def test_smoke_run_trains_distinct_architectures_and_scores(smoke_run):
     out = proc.stdout
     assert "plan: 2 concurrent trials" in out, "the 2-core box must run at least two trials at once"
     assert "score (OPS)" in out and "verdict" in out
-    records = read_ledger(run_dir)
+    records = read_raw_ledger(run_dir)
     assert records[0]["type"] == "run_start" and records[-1]["type"] == "run_stop"
     for prev, rec in itertools.pairwise(records):
         assert rec["prev"] == prev["hash"] and rec["hash"] == record_hash(rec)
@@ -139,7 +139,7 @@ def _start_run(tmp_path: Path, budget: int = 120) -> tuple[subprocess.Popen, Pat
     while time.monotonic() < deadline:
         runs = [p for p in tmp_path.iterdir() if p.is_dir()]
         if runs and (runs[0] / "ledger.jsonl").exists():
-            records = read_ledger(runs[0])
+            records = read_raw_ledger(runs[0])
             if sum(r["type"] == "epoch" for r in records) >= 3:
                 return proc, runs[0]
         if proc.poll() is not None:
@@ -151,11 +151,11 @@ def _start_run(tmp_path: Path, budget: int = 120) -> tuple[subprocess.Popen, Pat
 
 def test_sigterm_stops_cleanly_with_a_summary(tmp_path):
     proc, run_dir = _start_run(tmp_path)
-    before = read_ledger(run_dir)
+    before = read_raw_ledger(run_dir)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-2000:]
-    records = read_ledger(run_dir)
+    records = read_raw_ledger(run_dir)
     assert records[: len(before)] == before, "records written before the signal changed"
     assert records[-1]["type"] == "run_stop" and records[-1]["status"] == "interrupted"
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -167,12 +167,12 @@ def test_sigterm_stops_cleanly_with_a_summary(tmp_path):
 def test_sigkill_keeps_every_completed_epoch(tmp_path):
     proc, run_dir = _start_run(tmp_path)
     time.sleep(2.0)
-    before = read_ledger(run_dir)
+    before = read_raw_ledger(run_dir)
     import os
 
     os.killpg(proc.pid, signal.SIGKILL)  # the CLI and everything it started
     proc.wait(timeout=30)
-    records = read_ledger(run_dir)
+    records = read_raw_ledger(run_dir)
     assert len(records) >= len(before)
     assert records[: len(before)] == before
     for prev, rec in itertools.pairwise(records):

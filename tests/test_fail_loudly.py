@@ -11,7 +11,8 @@ from aiperf.config import load_config
 from aiperf.engine.master import Master, MasterSettings, cause_key
 from aiperf.engine.run import make_search
 from aiperf.engine.weights import WeightStore
-from aiperf.record.ledger import LedgerWriter, read_ledger
+from aiperf.record.ledger import LedgerWriter, read_ledger, read_raw_ledger
+from aiperf.record.schema import Record
 from aiperf.record.summary import format_summary, summarize
 from nas import zoo
 
@@ -25,14 +26,14 @@ def run(tmp_path, workers=3, budget=300.0, failure_fn=None, fail_start=None, kil
         pool.kill_worker_at(worker, at)
     ledger = LedgerWriter(tmp_path)
     dataset = {"name": "sim", "train_images": 900, "eval_images": 100, "split": {"disjoint": True}}
-    ledger.append(
-        "run_start", t=0.0, run_id="sim", config=cfg.to_dict(), plan=pool.plan.to_dict(), dataset=dataset,
+    ledger.append(Record(
+        type="run_start", t=0.0, run_id="sim", config=cfg.to_dict(), plan=pool.plan.to_dict(), dataset=dataset,
         rules=cfg.rules.model_dump(),
-    )  # fmt: skip
+    ))  # fmt: skip
     settings = MasterSettings(time_budget_s=budget, stop_after_failures=stop_after, dataset_images=images)
     master = Master(settings, proposer, pool, ledger, WeightStore(8), clock=clock)
     outcome = master.run()
-    ledger.append("run_stop", t=clock(), status=outcome.status, reason=outcome.reason)
+    ledger.append(Record(type="run_stop", t=clock(), status=outcome.status, reason=outcome.reason))
     ledger.close()
     return outcome, read_ledger(tmp_path), clock()
 
@@ -43,10 +44,10 @@ def test_every_worker_failing_to_start_fails_the_run_at_once(tmp_path):
     assert outcome.reason.startswith("no worker could start: worker w0000")
     assert "on node sim-node-" in outcome.reason and "No module named 'jax'" in outcome.reason
     assert "(2 more failed the same way)" in outcome.reason
-    failed = [r for r in records if r["type"] == "worker_failed"]
-    assert [r["worker"] for r in failed] == ["w00000", "w00001", "w00002"]
-    assert all(r["cause"] == "ModuleNotFoundError: No module named 'jax'" and r["hostname"] for r in failed)
-    assert not [r for r in records if r["type"] == "trial_start"]
+    failed = [r for r in records if r.type == "worker_failed"]
+    assert [r.worker for r in failed] == ["w00000", "w00001", "w00002"]
+    assert all(r.cause == "ModuleNotFoundError: No module named 'jax'" and r.hostname for r in failed)
+    assert not [r for r in records if r.type == "trial_start"]
     summary = summarize(records)
     assert summary["status"] == "failed" and summary["worker_start_failures"]["count"] == 3
     text = format_summary(summary, tmp_path)
@@ -58,8 +59,8 @@ def test_workers_that_start_carry_the_run_when_others_cannot(tmp_path):
         tmp_path, fail_start=lambda w: "RuntimeError: CUDA unavailable" if w == "w00001" else None
     )
     assert outcome.status == "completed"
-    assert [r["worker"] for r in records if r["type"] == "worker_failed"] == ["w00001"]
-    trained = {r["worker"] for r in records if r["type"] == "epoch"}
+    assert [r.worker for r in records if r.type == "worker_failed"] == ["w00001"]
+    trained = {r.worker for r in records if r.type == "epoch"}
     assert trained == {"w00000", "w00002"}
 
 
@@ -71,9 +72,9 @@ def test_a_deterministic_trial_error_stops_the_run_instead_of_proposing_forever(
     assert outcome.status == "failed" and t < 30.0
     assert outcome.reason.startswith("the first 5 trials all failed with the same error; the last on worker w0000")
     assert "TypeError: object of type 'NoneType' has no len()" in outcome.reason
-    ends = [r for r in records if r["type"] == "trial_end"]
-    assert 5 <= sum(r["status"] == "failed" for r in ends) <= 5 + 3
-    assert not [r for r in records if r["type"] == "requeue"], "a deterministic error is never re-queued"
+    ends = [r for r in records if r.type == "trial_end"]
+    assert 5 <= sum(r.status == "failed" for r in ends) <= 5 + 3
+    assert not [r for r in records if r.type == "requeue"], "a deterministic error is never re-queued"
 
 
 def test_failures_after_progress_stop_the_run_once_they_repeat(tmp_path):
@@ -85,7 +86,7 @@ def test_failures_after_progress_stop_the_run_once_they_repeat(tmp_path):
     assert outcome.reason.startswith(
         "5 trials in a row failed, with no epoch completing in between, with the same error"
     )
-    assert [r for r in records if r["type"] == "epoch"], "the run trained before the failures began"
+    assert [r for r in records if r.type == "epoch"], "the run trained before the failures began"
 
 
 def test_occasional_failures_and_lost_workers_do_not_stop_a_run(tmp_path):
@@ -94,8 +95,8 @@ def test_occasional_failures_and_lost_workers_do_not_stop_a_run(tmp_path):
         failure_fn=lambda spec: "ValueError: loss became NaN" if spec.kind == "tune" else None,
     )  # fmt: skip
     assert outcome.status == "completed"
-    assert [r for r in records if r["type"] == "requeue"], "the lost worker's trial is still re-queued"
-    assert [r for r in records if r["type"] == "trial_end" and r["status"] == "failed"]
+    assert [r for r in records if r.type == "requeue"], "the lost worker's trial is still re-queued"
+    assert [r for r in records if r.type == "trial_end" and r.status == "failed"]
 
 
 def test_a_cause_is_the_error_without_its_numbers_and_paths():
@@ -124,7 +125,7 @@ def test_skipped_images_over_the_limit_fail_the_run_naming_them(tmp_path):
     assert master.failure.startswith("3 of 1,000 images cannot be decoded (0.30 %), more than dataset.max_bad_fraction")
     assert "train/a/1.JPEG" in master.failure and "reported by worker w00001" in master.failure
     ledger.close()
-    bad = [r for r in read_ledger(tmp_path) if r["type"] == "bad_images"]
+    bad = [r for r in read_raw_ledger(tmp_path) if r["type"] == "bad_images"]  # a ledger of bad_images records alone
     assert [r["files"] for r in bad] == [["train/a/1.JPEG", "val/b/2.JPEG"], ["train/c/3.JPEG"]]
     assert [r["count"] for r in bad] == [2, 3] and bad[-1]["over_limit"]
 

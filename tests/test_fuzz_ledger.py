@@ -23,7 +23,8 @@ from aiperf.engine.run import _restore, make_search, read_resumable
 from aiperf.engine.weights import WeightStore
 from aiperf.errors import AiperfError
 from aiperf.record import mllog, results
-from aiperf.record.ledger import canonical, read_ledger, record_hash
+from aiperf.record.ledger import canonical, read_raw_ledger, record_hash
+from aiperf.record.schema import RecordType
 from aiperf.record.summary import build_summary
 from nas.serialize import graph_from_dict
 
@@ -120,13 +121,13 @@ class _Base(tuple):
 @pytest.fixture(scope="module")
 def base(sim_run, tmp_path_factory) -> tuple[list[dict], Path]:
     """The simulated run as if its master had been killed (resumable), with a matching summary.json."""
-    records = read_ledger(sim_run)[:-1]
+    records = read_raw_ledger(sim_run)[:-1]  # JSON objects: the fuzzer edits them as such
     # Records and fields of streamed runs and failing workers, so their readers are fuzzed too.
     records[0]["dataset"].update(storage="stream", bad_images={"count": 1, "files": ["a.JPEG"], "max_fraction": 0.01})
     for rec in records:
-        if rec["type"] == "epoch":
+        if rec["type"] == RecordType.EPOCH:
             rec.update(input="stream", skipped_images=1, data_wait_s=0.01)
-        elif rec["type"] == "worker":
+        elif rec["type"] == RecordType.WORKER:
             rec["decode_threads"] = 2
     t0 = records[0]["t"]  # inserted right after run_start: the master clock must not run backwards
     extra = [
@@ -163,7 +164,7 @@ def _clean_failure(code: int, err: str, allowed: tuple[int, ...]) -> None:
 def _replay(folder: Path, header: dict) -> None:
     """What ``aiperf run --resume`` does with a ledger before it trains anything."""
     records = read_resumable(folder)
-    cfg = config_from_dict(records[0]["config"])
+    cfg = config_from_dict(records[0].config.model_dump(exclude_unset=True))
     seed = graph_from_dict(header["seed_architecture"])  # comes from the dataset, not from the ledger
     # The replay is what is fuzzed; random search skips the Bayesian search's 0.4 s of set-up.
     cfg.search.strategy = "random"
@@ -257,7 +258,7 @@ def test_verify_exit_codes_are_distinct(base, tmp_path):
     code, out, err = _cli("verify", str(folder))
     assert code == 0, out + err
     edited = copy.deepcopy(records)
-    k = next(i for i, r in enumerate(edited) if r["type"] == "epoch")
+    k = next(i for i, r in enumerate(edited) if r["type"] == RecordType.EPOCH)
     edited[k]["val_acc"] = "0.99"  # a string where a number belongs, under a valid chain
     _rechain(edited)
     _write(tmp_path, edited)

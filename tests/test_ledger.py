@@ -8,20 +8,21 @@ import json
 import pytest
 
 from aiperf.errors import AiperfError
-from aiperf.record.ledger import LedgerWriter, read_ledger, record_hash
+from aiperf.record.ledger import LedgerWriter, read_raw_ledger, record_hash
+from aiperf.record.schema import Record
 
 
 def _write(tmp_path, n=5):
     with LedgerWriter(tmp_path) as led:
-        led.append("run_start", run_id="r")
+        led.append(Record(type="run_start", run_id="r"))
         for k in range(n):
-            led.append("epoch", trial="t00000", epoch=k + 1, ops=1e9, val_acc=0.5 + k / 100)
+            led.append(Record(type="epoch", trial="t00000", epoch=k + 1, ops=1e9, val_acc=0.5 + k / 100))
     return tmp_path / "ledger.jsonl"
 
 
 def test_records_are_chained_and_sequenced(tmp_path):
     path = _write(tmp_path)
-    records = read_ledger(path)
+    records = read_raw_ledger(path)
     assert [r["seq"] for r in records] == list(range(6))
     assert records[0]["prev"] == ""
     for prev, rec in itertools.pairwise(records):
@@ -37,15 +38,15 @@ def test_torn_last_line_is_dropped_and_repaired(tmp_path):
     # Cut the file in the middle of the last record, as a SIGKILL during write would.
     for cut in range(1, len(lines[-2])):
         path.write_bytes(b"\n".join(lines[:-2]) + b"\n" + lines[-2][:cut])
-        records = read_ledger(path)
+        records = read_raw_ledger(path)
         assert len(records) == 5
         assert records[-1]["epoch"] == 4
     # Reopening for append repairs the tail and continues the chain.
     with LedgerWriter(tmp_path) as led:
-        rec = led.append("run_stop", status="completed")
-    records = read_ledger(path)
-    assert records[-1] == rec
-    assert rec["seq"] == 5 and rec["prev"] == records[-2]["hash"]
+        rec = led.append(Record(type="run_stop", status="completed"))
+    records = read_raw_ledger(path)
+    assert records[-1] == rec.to_dict()
+    assert rec.seq == 5 and rec.prev == records[-2]["hash"]
 
 
 def test_corruption_in_the_middle_is_an_error(tmp_path):
@@ -54,12 +55,12 @@ def test_corruption_in_the_middle_is_an_error(tmp_path):
     lines[2] = b"{not json"
     path.write_bytes(b"\n".join(lines))
     with pytest.raises(AiperfError, match="line 3"):
-        read_ledger(path)
+        read_raw_ledger(path)
 
 
 def test_non_finite_numbers_are_stored_as_null(tmp_path):
     with LedgerWriter(tmp_path) as led:
-        led.append("epoch", val_loss=float("nan"), train_loss=float("inf"))
+        led.append(Record(type="epoch", val_loss=float("nan"), train_loss=float("inf")))
     text = (tmp_path / "ledger.jsonl").read_text()
     assert "NaN" not in text and "Infinity" not in text
     rec = json.loads(text)
@@ -68,23 +69,23 @@ def test_non_finite_numbers_are_stored_as_null(tmp_path):
 
 def test_missing_ledger_is_a_clear_error(tmp_path):
     with pytest.raises(AiperfError, match="no ledger"):
-        read_ledger(tmp_path / "nope")
+        read_raw_ledger(tmp_path / "nope")
 
 
 def test_subscribers_see_each_durable_record(tmp_path):
     seen = []
     with LedgerWriter(tmp_path) as led:
         led.subscribe(seen.append)
-        led.append("run_start", run_id="r")
-        led.append("run_stop", status="completed")
-    assert [r["type"] for r in seen] == ["run_start", "run_stop"]
-    assert seen == read_ledger(tmp_path)
+        led.append(Record(type="run_start", run_id="r"))
+        led.append(Record(type="run_stop", status="completed"))
+    assert [r.type for r in seen] == ["run_start", "run_stop"]
+    assert [r.to_dict() for r in seen] == read_raw_ledger(tmp_path)
 
 
 def test_clock_offset_continues_time_after_resume(tmp_path):
     with LedgerWriter(tmp_path, clock_offset=1000.0) as led:
-        rec = led.append("resume", gap_s=10.0)
-    assert rec["t"] >= 1000.0
+        rec = led.append(Record(type="resume", gap_s=10.0))
+    assert rec.t >= 1000.0
 
 
 def test_a_batch_writes_each_record_at_once_and_fsyncs_once_at_its_end(tmp_path, monkeypatch):
@@ -101,21 +102,21 @@ def test_a_batch_writes_each_record_at_once_and_fsyncs_once_at_its_end(tmp_path,
     seen = []
     with LedgerWriter(tmp_path) as led:
         led.subscribe(seen.append)
-        led.append("run_start", run_id="r")
+        led.append(Record(type="run_start", run_id="r"))
         assert len(synced_sizes) == 1  # outside a batch: one fsync per record
         with led.batch():
             for k in range(3):
-                led.append("epoch", trial="t00000", epoch=k + 1)
+                led.append(Record(type="epoch", trial="t00000", epoch=k + 1))
                 # Written and flushed already: a process killed here would keep it.
-                assert len(read_ledger(tmp_path)) == k + 2
+                assert len(read_raw_ledger(tmp_path)) == k + 2
             with led.batch():  # nested: still one fsync, at the outermost end
-                led.append("trial_end", trial="t00000", status="completed")
+                led.append(Record(type="trial_end", trial="t00000", status="completed"))
             assert len(synced_sizes) == 1
-            assert [r["type"] for r in seen] == ["run_start"]  # subscribers see durable records only
+            assert [r.type for r in seen] == ["run_start"]  # subscribers see durable records only
         size = (tmp_path / "ledger.jsonl").stat().st_size
         assert synced_sizes == [synced_sizes[0], size]
-        assert [r["type"] for r in seen] == ["run_start", "epoch", "epoch", "epoch", "trial_end"]
-    assert seen == read_ledger(tmp_path)
+        assert [r.type for r in seen] == ["run_start", "epoch", "epoch", "epoch", "trial_end"]
+    assert [r.to_dict() for r in seen] == read_raw_ledger(tmp_path)
 
 
 def test_a_batch_ended_by_an_error_still_syncs(tmp_path, monkeypatch):
@@ -125,7 +126,7 @@ def test_a_batch_ended_by_an_error_still_syncs(tmp_path, monkeypatch):
     monkeypatch.setattr(ledger_module.os, "fsync", lambda fd: calls.append(fd))
     led = LedgerWriter(tmp_path)
     with pytest.raises(RuntimeError), led.batch():
-        led.append("epoch", trial="t00000", epoch=1)
+        led.append(Record(type="epoch", trial="t00000", epoch=1))
         raise RuntimeError("handler failed")
     assert len(calls) == 1
     led.close()

@@ -14,6 +14,7 @@ from aiperf.engine.run import make_search
 from aiperf.engine.weights import WeightStore
 from aiperf.metrics.score import compute_score
 from aiperf.record.ledger import LedgerWriter, read_ledger
+from aiperf.record.schema import Record
 from aiperf.record.summary import summarize
 from nas import zoo
 
@@ -38,13 +39,15 @@ def _run(
         pool.kill_worker_at(worker, at)
     ledger = LedgerWriter(tmp_path)
     ledger.append(
-        "run_start",
-        t=0.0,
-        run_id="sim",
-        config=cfg.to_dict(),
-        plan=pool.plan.to_dict(),
-        dataset={"name": "sim", "split": {"disjoint": True}},
-        rules=cfg.rules.model_dump(),
+        Record(
+            type="run_start",
+            t=0.0,
+            run_id="sim",
+            config=cfg.to_dict(),
+            plan=pool.plan.to_dict(),
+            dataset={"name": "sim", "split": {"disjoint": True}},
+            rules=cfg.rules.model_dump(),
+        )
     )
     settings = MasterSettings(time_budget_s=budget, max_trials=max_trials, seed=seed)
     master = Master(settings, proposer, pool, ledger, WeightStore(16), clock=clock)
@@ -58,20 +61,20 @@ def _run(
 
         pool.wait = wait
     outcome = master.run()
-    ledger.append("run_stop", t=clock(), status=outcome.status, reason=outcome.reason)
+    ledger.append(Record(type="run_stop", t=clock(), status=outcome.status, reason=outcome.reason))
     ledger.close()
     return outcome, read_ledger(tmp_path)
 
 
 def _check_consistent(records):
-    started = {r["trial"] for r in records if r["type"] == "trial_start"}
-    ended = Counter(r["trial"] for r in records if r["type"] == "trial_end")
-    epochs = [(r["trial"], r["epoch"]) for r in records if r["type"] == "epoch"]
+    started = {r.trial for r in records if r.type == "trial_start"}
+    ended = Counter(r.trial for r in records if r.type == "trial_end")
+    epochs = [(r.trial, r.epoch) for r in records if r.type == "epoch"]
     assert all(t in started for t, _ in epochs), "an epoch of a trial that never started"
     assert len(epochs) == len(set(epochs)), "an epoch was counted twice"
     assert all(n == 1 for n in ended.values()), "a trial ended twice"
     assert set(ended) == started, "every started trial has exactly one end"
-    times = [r["t"] for r in records]
+    times = [r.t for r in records]
     assert times == sorted(times), "master clock went backwards"
 
 
@@ -79,69 +82,69 @@ def test_run_keeps_every_worker_busy_and_ledger_consistent(tmp_path):
     outcome, records = _run(tmp_path, workers=4, budget=200.0)
     assert outcome.status == "completed"
     _check_consistent(records)
-    starts = [r for r in records if r["type"] == "trial_start"]
-    assert len({r["arch_id"] for r in starts}) >= 10
+    starts = [r for r in records if r.type == "trial_start"]
+    assert len({r.arch_id for r in starts}) >= 10
     # With a queue depth of 2 the next trial is already waiting: no worker ever sits idle between trials.
-    workers = [r for r in records if r["type"] == "worker"]
+    workers = [r for r in records if r.type == "worker"]
     assert len(workers) == 4
     for w in workers:
-        assert w["idle_gaps"]["max_s"] is not None and w["idle_gaps"]["max_s"] < 0.5
-        assert w["busy_fraction"] > 0.9
+        assert w.idle_gaps.max_s is not None and w.idle_gaps.max_s < 0.5
+        assert w.busy_fraction > 0.9
     score = compute_score(records)
-    last_epoch = max(r["t"] for r in records if r["type"] == "epoch")
+    last_epoch = max(r.t for r in records if r.type == "epoch")
     assert score.wall_s == pytest.approx(last_epoch)
-    assert score.total_ops == pytest.approx(sum(r["ops"] for r in records if r["type"] == "epoch"))
+    assert score.total_ops == pytest.approx(sum(r.ops for r in records if r.type == "epoch"))
 
 
 def test_children_inherit_from_completed_parents_only(tmp_path):
     _, records = _run(tmp_path, workers=2, budget=150.0)
-    completed_at = {r["trial"]: r["t"] for r in records if r["type"] == "trial_end" and r["status"] == "completed"}
-    inheriting = [r for r in records if r["type"] == "trial_start" and r["inherit"]]
+    completed_at = {r.trial: r.t for r in records if r.type == "trial_end" and r.status == "completed"}
+    inheriting = [r for r in records if r.type == "trial_start" and r.inherit]
     assert inheriting, "no trial inherited weights"
     for r in inheriting:
-        assert r["inherit"] in completed_at and completed_at[r["inherit"]] <= r["t"]
-        assert r["morphs"] or r["kind"] == "tune"
+        assert r.inherit in completed_at and completed_at[r.inherit] <= r.t
+        assert r.morphs or r.kind == "tune"
 
 
 def test_worker_death_requeues_from_the_last_completed_epoch(tmp_path):
     # Epochs of 5 s and 2-epoch trials: at t=12 the worker is inside some trial's second epoch.
     _outcome, records = _run(tmp_path, workers=3, budget=120.0, kills=[("w00001", 12.0)])
     _check_consistent(records)
-    requeues = [r for r in records if r["type"] == "requeue"]
+    requeues = [r for r in records if r.type == "requeue"]
     assert len(requeues) == 1
     rq = requeues[0]
-    trial = rq["trial"]
-    assert rq["attempt"] == 1
-    first_epochs = [r for r in records if r["type"] == "epoch" and r["trial"] == trial and r["attempt"] == 0]
-    assert rq["from_epoch"] == len(first_epochs)
-    resumed = [r for r in records if r["type"] == "trial_start" and r["trial"] == trial]
-    assert [r["attempt"] for r in resumed] == [0, 1]
-    assert resumed[1]["start_epoch"] == rq["from_epoch"]
-    assert resumed[1]["worker"] != "w00001"
-    end = next(r for r in records if r["type"] == "trial_end" and r["trial"] == trial)
-    assert end["status"] in ("completed", "stopped")
-    lost = [r for r in records if r["type"] == "worker" and r["worker"] == "w00001"]
-    assert lost and "death" in lost[0]["retired"]
+    trial = rq.trial
+    assert rq.attempt == 1
+    first_epochs = [r for r in records if r.type == "epoch" and r.trial == trial and r.attempt == 0]
+    assert rq.from_epoch == len(first_epochs)
+    resumed = [r for r in records if r.type == "trial_start" and r.trial == trial]
+    assert [r.attempt for r in resumed] == [0, 1]
+    assert resumed[1].start_epoch == rq.from_epoch
+    assert resumed[1].worker != "w00001"
+    end = next(r for r in records if r.type == "trial_end" and r.trial == trial)
+    assert end.status in ("completed", "stopped")
+    lost = [r for r in records if r.type == "worker" and r.worker == "w00001"]
+    assert lost and "death" in lost[0].retired
     # The dead worker gets no more work.
-    assert not [r for r in records if r["type"] == "trial_start" and r["worker"] == "w00001" and r["t"] > 12.0]
+    assert not [r for r in records if r.type == "trial_start" and r.worker == "w00001" and r.t > 12.0]
 
 
 def test_a_trial_requeued_just_before_the_end_is_still_closed(tmp_path):
     # The worker dies 3 s before the budget: its trial is re-queued but never starts again.
     _, records = _run(tmp_path, workers=2, budget=100.0, kills=[("w00001", 97.0)])
     _check_consistent(records)
-    requeued = {r["trial"] for r in records if r["type"] == "requeue"}
+    requeued = {r.trial for r in records if r.type == "requeue"}
     assert requeued
-    ends = {r["trial"]: r for r in records if r["type"] == "trial_end"}
+    ends = {r.trial: r for r in records if r.type == "trial_end"}
     for trial in requeued:
-        assert ends[trial]["status"] == "stopped"
+        assert ends[trial].status == "stopped"
 
 
 def test_trial_cap_ends_the_run_when_all_trials_finish(tmp_path):
     outcome, records = _run(tmp_path, workers=3, budget=10_000.0, max_trials=7)
     assert outcome.status == "completed" and "7 trials" in outcome.reason
-    ends = [r for r in records if r["type"] == "trial_end"]
-    assert len(ends) == 7 and all(r["status"] == "completed" for r in ends)
+    ends = [r for r in records if r.type == "trial_end"]
+    assert len(ends) == 7 and all(r.status == "completed" for r in ends)
 
 
 def test_failing_trials_are_recorded_and_the_run_goes_on(tmp_path):
@@ -150,9 +153,9 @@ def test_failing_trials_are_recorded_and_the_run_goes_on(tmp_path):
 
     _, records = _run(tmp_path, workers=2, budget=150.0, failure_fn=fail_tune)
     _check_consistent(records)
-    failed = [r for r in records if r["type"] == "trial_end" and r["status"] == "failed"]
-    assert failed and all("NaN" in r["reason"] for r in failed)
-    assert [r for r in records if r["type"] == "trial_end" and r["status"] == "completed"]
+    failed = [r for r in records if r.type == "trial_end" and r.status == "failed"]
+    assert failed and all("NaN" in r.reason for r in failed)
+    assert [r for r in records if r.type == "trial_end" and r.status == "completed"]
 
 
 def test_stop_request_interrupts_cleanly(tmp_path):
@@ -168,9 +171,15 @@ def test_same_seed_on_one_worker_proposes_the_same_trials(tmp_path):
     def sequence(path):
         _, records = _run(path, workers=1, budget=120.0, queue_depth=1)
         return [
-            (r["arch_id"], r["kind"], r["parent"], tuple(r["lineage"]), tuple(sorted(r["hparams"].items())))
+            (
+                r.arch_id,
+                r.kind,
+                r.parent,
+                tuple(r.lineage),
+                tuple(sorted(r.hparams.model_dump(exclude_unset=True).items())),
+            )
             for r in records
-            if r["type"] == "trial_start"
+            if r.type == "trial_start"
         ]
 
     a = sequence(tmp_path / "a")
@@ -243,9 +252,9 @@ def test_every_record_is_durable_before_the_master_submits_more_work(tmp_path, m
 def test_a_run_that_counted_no_epoch_fails_and_says_why(tmp_path):
     """A budget shorter than the first epoch scores nothing: the run ends failed, not completed with 0 OPS."""
     outcome, records = _run(tmp_path / "short", budget=3.0, epoch_s=5.0)
-    assert not [r for r in records if r["type"] == "epoch"]
+    assert not [r for r in records if r.type == "epoch"]
     assert outcome.status == "failed"
     assert "no epoch completed within the 3 s budget" in outcome.reason and "run.time_budget_s" in outcome.reason
-    assert records[-1]["type"] == "run_stop" and records[-1]["status"] == "failed"
+    assert records[-1].type == "run_stop" and records[-1].status == "failed"
     outcome, _ = _run(tmp_path / "long", budget=30.0, epoch_s=5.0)
     assert outcome.status == "completed"

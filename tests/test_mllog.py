@@ -21,6 +21,18 @@ from aiperf.record.mllog import (
     render,
     write_checker_config,
 )
+from aiperf.record.schema import (
+    EpochRecord,
+    RequeueRecord,
+    ResumeRecord,
+    RunStartRecord,
+    RunStatus,
+    RunStopRecord,
+    TrialEndRecord,
+    TrialStartRecord,
+    TrialStatus,
+    of_type,
+)
 
 HEADER_KEYS = ["submission_benchmark", "submission_org", "submission_division", "submission_status",
                "submission_platform", "number_of_nodes", "accelerators_per_node", "train_samples", "eval_samples",
@@ -41,11 +53,11 @@ def test_every_line_has_mlperfs_prefix_and_field_order(sim_run):
                                                            "metadata"]  # fmt: skip
     events = _events(lines)
     assert {e["event_type"] for e in events} == {"INTERVAL_START", "INTERVAL_END", "POINT_IN_TIME"}
-    records = {r["seq"]: r for r in read_ledger(sim_run)}
+    records = {r.seq: r for r in read_ledger(sim_run)}
     for e in events:  # each line is stamped with the wall time of the ledger record it came from
         record = records[e["metadata"]["seq"]]
-        eval_ms = round(1000 * record["eval_s"]) if e["key"] == "eval_start" else 0  # it began eval_s earlier
-        assert e["time_ms"] == int(record["wall"] * 1000) - eval_ms
+        eval_ms = round(1000 * record.eval_s) if e["key"] == "eval_start" else 0  # it began eval_s earlier
+        assert e["time_ms"] == int(record.wall * 1000) - eval_ms
         assert e["metadata"]["file"] == "aiperf/record/mllog.py"  # written by MLCommons' MLLogger
 
 
@@ -92,26 +104,27 @@ def test_every_epoch_interval_is_opened_once_and_closed_once(sim_run):
     assert not open_epochs, f"left open: {open_epochs}"
     assert all(n == 1 for n in closed.values())
     records = read_ledger(sim_run)
-    epochs = [r for r in records if r["type"] == "epoch"]
+    epochs = of_type(records, EpochRecord)
     accuracies = [e["value"] for e in events if e["key"] == "eval_accuracy"]
-    assert accuracies == [r["val_acc"] for r in epochs]
-    assert counted_ops == pytest.approx(sum(r["ops"] for r in epochs))
+    assert accuracies == [r.val_acc for r in epochs]
+    assert counted_ops == pytest.approx(sum(r.ops for r in epochs))
 
 
 def _header(ledger, min_accuracy=0.5):
-    ledger.append("run_start", t=0.0, run_id="r", config={"run": {"seed": 3}}, rules={"min_accuracy": min_accuracy},
-                  dataset={"name": "d", "train_images": 10, "eval_images": 5},
-                  plan={"nodes": [{"gpus": 4, "cpus": 32, "accelerator": "H100"}] * 2})  # fmt: skip
+    ledger.append(RunStartRecord(t=0.0, run_id="r", config={"run": {"seed": 3}}, rules={"min_accuracy": min_accuracy},
+                                 dataset={"name": "d", "train_images": 10, "eval_images": 5},
+                                 plan={"nodes": [{"gpus": 4, "cpus": 32, "accelerator": "H100"}] * 2}))  # fmt: skip
 
 
 def _trial_start(ledger, attempt=0, start_epoch=0):
-    ledger.append("trial_start", trial="t00000", kind="seed", attempt=attempt, start_epoch=start_epoch,
-                  hparams={"epochs": 2}, worker="w0")  # fmt: skip
+    ledger.append(TrialStartRecord(trial="t00000", kind="seed", attempt=attempt, start_epoch=start_epoch,
+                                   hparams={"epochs": 2}, worker="w0", arch_id="a0", flops={"train_per_image": 1.0},
+                                   params=10))  # fmt: skip
 
 
 def _epoch(ledger, epoch, attempt=0):
-    ledger.append("epoch", trial="t00000", epoch=epoch, attempt=attempt, ops=100.0, aiperf_ops=90.0, train_ops=80.0,
-                  eval_ops=20.0, val_acc=0.6 + 0.1 * epoch)  # fmt: skip
+    ledger.append(EpochRecord(trial="t00000", epoch=epoch, attempt=attempt, ops=100.0, aiperf_ops=90.0, train_ops=80.0,
+                              eval_ops=20.0, val_acc=0.6 + 0.1 * epoch, precision="float32"))  # fmt: skip
 
 
 def test_lines_are_on_disk_as_soon_as_their_record_is_appended(tmp_path):
@@ -125,7 +138,7 @@ def test_lines_are_on_disk_as_soon_as_their_record_is_appended(tmp_path):
     assert keys()[-1] == "epoch_start"
     _epoch(ledger, 1)
     assert keys()[-5:] == ["eval_start", "eval_stop", "eval_accuracy", "epoch_stop", "epoch_start"]
-    ledger.append("requeue", trial="t00000", attempt=1, from_epoch=1, reason="node died")
+    ledger.append(RequeueRecord(trial="t00000", attempt=1, from_epoch=1, reason="node died"))
     last = parse(path.read_text().splitlines()[-1])
     assert last["key"] == "epoch_stop" and last["metadata"]["counted"] is False and "node died" in last["metadata"][
         "reason"]  # fmt: skip
@@ -133,8 +146,8 @@ def test_lines_are_on_disk_as_soon_as_their_record_is_appended(tmp_path):
     first_of_attempt = parse(path.read_text().splitlines()[-1])
     assert first_of_attempt["metadata"]["epoch_num"] == 2 and first_of_attempt["metadata"]["attempt"] == 1
     _epoch(ledger, 2, attempt=1)
-    ledger.append("trial_end", trial="t00000", status="completed")
-    ledger.append("run_stop", status="completed", reason="time budget reached")
+    ledger.append(TrialEndRecord(trial="t00000", status=TrialStatus.COMPLETED))
+    ledger.append(RunStopRecord(status=RunStatus.COMPLETED, reason="time budget reached"))
     ledger.close()
     events = _events(path.read_text().splitlines())
     assert events[-1]["metadata"]["status"] == "success"  # completed and 0.8 >= min_accuracy 0.5
@@ -156,9 +169,9 @@ def test_a_resumed_run_continues_the_log_without_repeating_it(tmp_path):
         fh.write(b':::MLLOG {"namespace": "", "ti')
     resumed = LedgerWriter(tmp_path)
     attach(tmp_path, resumed)
-    resumed.append("resume", gap_s=12.5, from_seq=2)
-    resumed.append("trial_end", trial="t00000", status="lost", reason="the master stopped while it ran")
-    resumed.append("run_stop", status="completed", reason="time budget reached")
+    resumed.append(ResumeRecord(gap_s=12.5, from_seq=2))
+    resumed.append(TrialEndRecord(trial="t00000", status=TrialStatus.LOST, reason="the master stopped while it ran"))
+    resumed.append(RunStopRecord(status=RunStatus.COMPLETED, reason="time budget reached"))
     resumed.close()
     lines = path.read_text().splitlines()
     assert lines == render(read_ledger(tmp_path))
@@ -231,14 +244,14 @@ def test_a_resumed_session_end_is_not_a_second_run_stop(tmp_path):
     attach(tmp_path, ledger)
     _trial_start(ledger)
     _epoch(ledger, 1)
-    ledger.append("trial_end", trial="t00000", status="stopped")
-    ledger.append("run_stop", status="interrupted", reason="SIGTERM")
+    ledger.append(TrialEndRecord(trial="t00000", status=TrialStatus.STOPPED))
+    ledger.append(RunStopRecord(status=RunStatus.INTERRUPTED, reason="SIGTERM"))
     ledger.close()
     assert parse(path.read_text().splitlines()[-1])["key"] == "run_stop"  # as far as anyone knew then
     resumed = LedgerWriter(tmp_path)
-    resumed.append("resume", gap_s=3.0, from_seq=4)
+    resumed.append(ResumeRecord(gap_s=3.0, from_seq=4))
     attach(tmp_path, resumed)  # the master attaches after its resume record, as aiperf run --resume does
-    resumed.append("run_stop", status="completed", reason="time budget reached")
+    resumed.append(RunStopRecord(status=RunStatus.COMPLETED, reason="time budget reached"))
     resumed.close()
     lines = path.read_text().splitlines()
     assert lines == render(read_ledger(tmp_path))

@@ -23,7 +23,7 @@ import pytest
 from helpers import REPO, aiperf_cmd, cli_env
 
 from aiperf.cluster.ray_session import non_loopback_listeners
-from aiperf.record.ledger import read_ledger
+from aiperf.record.ledger import read_raw_ledger
 
 pytestmark = pytest.mark.slow
 
@@ -110,7 +110,7 @@ def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
 
 def _records(results: Path) -> list[dict]:
     runs = [p for p in results.iterdir() if (p / "ledger.jsonl").exists()] if results.exists() else []
-    return read_ledger(runs[0]) if runs else []
+    return read_raw_ledger(runs[0]) if runs else []
 
 
 def _check_ledger_consistent(records: list[dict]) -> None:
@@ -177,7 +177,7 @@ def test_node_death_requeues_its_trial_and_late_nodes_are_used(cluster, tmp_path
     assert run.returncode == 0, out[-3000:]
 
     run_dir = next(results.iterdir())
-    records = read_ledger(run_dir)
+    records = read_raw_ledger(run_dir)
     _check_ledger_consistent(records)
     assert records[-1]["type"] == "run_stop" and records[-1]["status"] == "completed"
 
@@ -245,7 +245,7 @@ def test_master_death_then_resume_continues_the_same_run(tmp_path):
             os.killpg(first.pid, signal.SIGKILL)
 
     run_dir = next(results.iterdir())
-    before = read_ledger(run_dir)
+    before = read_raw_ledger(run_dir)
     assert not any(r["type"] == "run_stop" for r in before)
     running = {r["trial"] for r in before if r["type"] == "trial_start"} - {
         r["trial"] for r in before if r["type"] == "trial_end"
@@ -256,7 +256,7 @@ def test_master_death_then_resume_continues_the_same_run(tmp_path):
         aiperf_cmd("run", "--resume", str(run_dir)), capture_output=True, text=True, env=env, cwd=REPO, timeout=300
     )
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    records = read_ledger(run_dir)
+    records = read_raw_ledger(run_dir)
     assert records[: len(before)] == before, "resume changed records written before the master died"
     _check_ledger_consistent(records)  # one hash chain across both masters
     resume = records[len(before)]

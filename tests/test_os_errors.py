@@ -17,7 +17,8 @@ from helpers import REPO, aiperf_cmd, cli_env
 
 from aiperf.engine.weights import WeightStore
 from aiperf.errors import AiperfError
-from aiperf.record.ledger import LedgerWriteError, LedgerWriter, read_ledger, record_hash
+from aiperf.record.ledger import LedgerWriteError, LedgerWriter, read_raw_ledger, record_hash
+from aiperf.record.schema import Record
 
 
 def _cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -89,21 +90,22 @@ def test_a_full_disk_never_leaves_half_a_ledger_record(disk):
     written = []
     with pytest.raises(LedgerWriteError) as info:
         for k in range(1000):  # 10 KB records: the last one is cut in the middle of a write
-            written.append(ledger.append("epoch", trial="t00000", epoch=k + 1, blob="x" * 10_000))
+            written.append(ledger.append(Record(type="epoch", trial="t00000", epoch=k + 1, blob="x" * 10_000)))
     message = str(info.value)
     assert info.value.exit_code == 1 and "\n" not in message
     assert str(root / "run" / "ledger.jsonl") in message and "ENOSPC" in message
     assert f"aiperf run --resume {root / 'run'}" in message
     assert (root / "run" / "ledger.jsonl").read_bytes().endswith(b"\n"), "a partial record was left at the end"
-    assert read_ledger(root / "run") == written and _chain_ok(written)
+    written = [r.to_dict() for r in written]
+    assert read_raw_ledger(root / "run") == written and _chain_ok(written)
     with pytest.raises(LedgerWriteError):  # a broken writer refuses, it does not write around the gap
-        ledger.append("run_stop", status="failed")
+        ledger.append(Record(type="run_stop", status="failed"))
     ledger.close()
     (root / "spare").unlink()
     with LedgerWriter(root / "run") as again:  # as --resume reopens it: the same chain goes on
-        rec = again.append("run_stop", status="failed")
-    assert rec["seq"] == written[-1]["seq"] + 1 and rec["prev"] == written[-1]["hash"]
-    assert read_ledger(root / "run") == [*written, rec]
+        rec = again.append(Record(type="run_stop", status="failed"))
+    assert rec.seq == written[-1]["seq"] + 1 and rec.prev == written[-1]["hash"]
+    assert read_raw_ledger(root / "run") == [*written, rec.to_dict()]
 
 
 def test_weights_that_cannot_be_saved_stay_in_memory_and_leave_no_temporary_file(disk):
@@ -221,7 +223,7 @@ def test_a_disk_that_fills_during_a_real_run_loses_nothing_and_resumes(disk):
     assert not _temporaries(root), "a half-written file was left behind"
     data = (run_dir / "ledger.jsonl").read_bytes()
     assert data.endswith(b"\n")
-    records = read_ledger(run_dir)
+    records = read_raw_ledger(run_dir)
     assert records[0]["type"] == "run_start" and _chain_ok(records)
     # `aiperf summary` works on what is there, even before space is freed.
     summary = _cli("summary", str(run_dir))
@@ -229,7 +231,7 @@ def test_a_disk_that_fills_during_a_real_run_loses_nothing_and_resumes(disk):
     disk.free_up()
     resumed = _cli("run", "--resume", str(run_dir))
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
-    after = read_ledger(run_dir)
+    after = read_raw_ledger(run_dir)
     assert after[: len(records)] == records and _chain_ok(after)
     assert _cli("verify", str(run_dir)).returncode == 0
 
@@ -272,8 +274,8 @@ def test_a_failed_fsync_stops_the_writer_and_a_failed_observer_only_stops_itself
         ledger.subscribe(FailingLog())
         seen = []
         ledger.subscribe(seen.append)
-        first = ledger.append("run_start", run_id="r")
-        second = ledger.append("epoch", trial="t00000", epoch=1)
+        first = ledger.append(Record(type="run_start", run_id="r"))
+        second = ledger.append(Record(type="epoch", trial="t00000", epoch=1))
         assert seen == [first, second], "the other observers and the ledger go on"
         assert len(warnings) == 1 and "mllog.txt is no longer written" in warnings[0]
 
@@ -282,8 +284,8 @@ def test_a_failed_fsync_stops_the_writer_and_a_failed_observer_only_stops_itself
 
         monkeypatch.setattr(ledger_module.os, "fsync", failing_fsync)
         with pytest.raises(LedgerWriteError, match=r"cannot sync the ledger .*ledger.jsonl: input/output error"):
-            ledger.append("epoch", trial="t00000", epoch=2)
+            ledger.append(Record(type="epoch", trial="t00000", epoch=2))
         with pytest.raises(LedgerWriteError):
-            ledger.append("run_stop", status="failed")
+            ledger.append(Record(type="run_stop", status="failed"))
     monkeypatch.undo()
-    assert [r["type"] for r in read_ledger(tmp_path)] == ["run_start", "epoch", "epoch"]
+    assert [r["type"] for r in read_raw_ledger(tmp_path)] == ["run_start", "epoch", "epoch"]

@@ -23,7 +23,7 @@ import pytest
 from helpers import REPO, aiperf_cmd, cli_env
 
 from aiperf.engine.output import Output
-from aiperf.record.ledger import read_ledger
+from aiperf.record.ledger import read_raw_ledger
 
 F_SETPIPE_SZ = 1031
 
@@ -40,7 +40,7 @@ def _run_args(results: Path, budget: int, *extra: str) -> list[str]:
 
 def _completed_run(results: Path) -> tuple[Path, dict]:
     (run_dir,) = [p for p in results.iterdir() if p.is_dir()]
-    records = read_ledger(run_dir)  # every line of the ledger is a record: nothing else was written into it
+    records = read_raw_ledger(run_dir)  # every line of the ledger is a record: nothing else was written into it
     assert records[-1]["type"] == "run_stop" and records[-1]["status"] == "completed"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and (run_dir / "report.html").exists()
@@ -142,7 +142,7 @@ def test_a_stalled_reader_and_closed_descriptors_do_not_hold_the_run(tmp_path):
         stopped = False
         while time.monotonic() < deadline and not stopped and proc.poll() is None:
             runs = [p for p in tmp_path.iterdir() if (p / "ledger.jsonl").exists()]
-            stopped = bool(runs) and read_ledger(runs[0])[-1]["type"] == "run_stop"
+            stopped = bool(runs) and read_raw_ledger(runs[0])[-1]["type"] == "run_stop"
             time.sleep(1)
         assert stopped or proc.poll() == 0, "the run did not finish while its output was not read"
         assert proc.wait(timeout=120) == 0, "the process did not exit while its output was not read"

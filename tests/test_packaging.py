@@ -66,6 +66,7 @@ def test_layers_never_import_from_above():
         "engine": 4,
         "cli": 5,
     }
+    bottom = "aiperf.record.schema"  # the typed records: every layer reads and writes them
     root = Path(aiperf.__file__).parent
     problems = []
     for path in root.rglob("*.py"):
@@ -73,10 +74,12 @@ def test_layers_never_import_from_above():
         own = rel[0][:-3] if rel[0].endswith(".py") else rel[0]
         if own not in layer:
             continue
+        own_layer = 0 if path == root / "record" / "schema.py" else layer[own]
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("aiperf."):
                 target = node.module.split(".")[1]
-                if target in layer and layer[target] > layer[own]:
+                target_layer = 0 if node.module == bottom else layer.get(target, 0)
+                if target in layer and target_layer > own_layer:
                     problems.append(f"{path.relative_to(root)} imports {node.module}")
     assert not problems, problems
 

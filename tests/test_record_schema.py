@@ -13,7 +13,17 @@ from aiperf.engine.master import Master, MasterSettings
 from aiperf.engine.run import make_search
 from aiperf.engine.weights import WeightStore
 from aiperf.record.ledger import LEDGER_NAME, LedgerWriter, canonical, read_ledger, record_hash
-from aiperf.record.schema import SHAPES, RecordType, RunStatus, TrialStatus, record_problem
+from aiperf.record.schema import (
+    SHAPES,
+    Record,
+    RecordType,
+    RunStatus,
+    RunStopRecord,
+    TrialEndRecord,
+    TrialStartRecord,
+    TrialStatus,
+    record_problem,
+)
 from nas import zoo
 from nas.proposer import TrialKind
 
@@ -27,10 +37,12 @@ def test_records_written_with_enums_have_the_bytes_and_hash_of_plain_strings(tmp
         (RecordType.RUN_STOP, {"status": RunStatus.INTERRUPTED, "reason": "x"}),
     ]
     plain = [(str(rtype.value), {k: _plain(v) for k, v in fields.items()}) for rtype, fields in typed]
-    for folder, records in (("typed", typed), ("plain", plain)):
-        with LedgerWriter(tmp_path / folder) as ledger:
-            for k, (rtype, fields) in enumerate(records):
-                ledger.append(rtype, t=float(k), **fields)
+    with LedgerWriter(tmp_path / "typed") as ledger:
+        for k, (rtype, fields) in enumerate(typed):
+            ledger.append(SHAPES[rtype](t=float(k), **fields))  # the record type's model: enums throughout
+    with LedgerWriter(tmp_path / "plain") as ledger:
+        for k, (name, fields) in enumerate(plain):
+            ledger.append(Record(type=name, t=float(k), **fields))  # the generic record: plain strings
     assert (tmp_path / "typed" / LEDGER_NAME).read_bytes() == (tmp_path / "plain" / LEDGER_NAME).read_bytes()
     record = {"seq": 0, "type": RecordType.EPOCH, "status": TrialStatus.LOST, "prev": ""}
     same = {"seq": 0, "type": "epoch", "status": "lost", "prev": ""}
@@ -49,19 +61,20 @@ def test_every_record_type_has_its_model_and_every_model_a_record_type():
 
 def test_every_record_of_a_simulated_run_validates_against_its_model(sim_run):
     records = read_ledger(sim_run)
-    types = {r["type"] for r in records}
+    types = {r.type for r in records}
     assert {"run_start", "trial_start", "epoch", "trial_end", "worker", "run_stop"} <= types
     for index, record in enumerate(records):
-        assert record["type"] in set(RecordType), record["type"]
-        assert record_problem(record, index) is None
-        SHAPES[record["type"]].model_validate(record)  # the record type's own model, not the generic one
+        assert record.type in set(RecordType), record.type
+        assert record_problem(record.to_dict(), index) is None
+        SHAPES[record.type].model_validate(record.to_dict())  # the record type's own model, not the generic one
+        assert type(record) is SHAPES[record.type]  # and read back as that model
     for record in records:
-        if record["type"] == RecordType.TRIAL_END:
-            assert record["status"] in set(TrialStatus)
-        elif record["type"] == RecordType.RUN_STOP:
-            assert record["status"] in set(RunStatus)
-        elif record["type"] == RecordType.TRIAL_START:
-            assert record["kind"] in set(TrialKind)
+        if isinstance(record, TrialEndRecord):
+            assert record.status in set(TrialStatus)
+        elif isinstance(record, RunStopRecord):
+            assert record.status in set(RunStatus)
+        elif isinstance(record, TrialStartRecord):
+            assert record.kind in set(TrialKind)
 
 
 def test_a_model_checks_the_fields_it_declares():

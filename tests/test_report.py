@@ -29,7 +29,7 @@ def report_run(tmp_path_factory):
     """A simulated run of its own, with telemetry as a GPU node would have recorded it, and its report."""
     run_dir = simulated_run(tmp_path_factory.mktemp("report") / "run")
     records = read_ledger(run_dir)
-    walls = [r["wall"] for r in records]  # telemetry as a GPU node would have recorded it
+    walls = [r.wall for r in records]  # telemetry as a GPU node would have recorded it
     lines = []
     for k in range(12):
         wall = walls[0] + (walls[-1] - walls[0]) * k / 11

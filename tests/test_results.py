@@ -10,6 +10,7 @@ import pytest
 from aiperf.errors import AiperfError
 from aiperf.record.ledger import LedgerWriter, read_ledger
 from aiperf.record.results import load, master_time
+from aiperf.record.schema import EpochRecord, Record, RecordType, RunStartRecord, TrialStartRecord, of_type
 from aiperf.record.telemetry import TELEMETRY_NAME
 
 
@@ -17,9 +18,9 @@ def test_frames_agree_with_the_ledger_and_the_summary(sim_run):
     res = load(sim_run)
     records = read_ledger(sim_run)
     summary = json.loads((sim_run / "summary.json").read_text())
-    assert res.header["type"] == "run_start" and res.header["run_id"] == summary["run_id"]
+    assert res.header.type == RecordType.RUN_START and res.header.run_id == summary["run_id"]
     assert isinstance(res.trials, pd.DataFrame) and isinstance(res.epochs, pd.DataFrame)
-    assert len(res.epochs) == sum(1 for r in records if r["type"] == "epoch")
+    assert len(res.epochs) == sum(1 for r in records if isinstance(r, EpochRecord))
     assert res.epochs["ops"].sum() == pytest.approx(summary["score"]["total_ops"])
     assert res.epochs["val_acc"].max() == pytest.approx(summary["score"]["best_val_acc"])
     assert len(res.trials) == summary["trials"]["started"]
@@ -43,21 +44,21 @@ def test_generation_counts_the_steps_from_the_seed(sim_run):
 
 def test_hyperparameters_and_flops_come_from_trial_start(sim_run):
     res = load(sim_run)
-    first = next(r for r in read_ledger(sim_run) if r["type"] == "trial_start")
-    row = res.trials.set_index("trial").loc[first["trial"]]
-    assert row["batch_size"] == first["hparams"]["batch_size"]
-    assert row["flops_train_per_image"] == first["flops"]["train_per_image"]
-    assert row["params"] == first["params"]
+    first = of_type(read_ledger(sim_run), TrialStartRecord)[0]
+    row = res.trials.set_index("trial").loc[first.trial]
+    assert row["batch_size"] == first.hparams.batch_size
+    assert row["flops_train_per_image"] == first.flops.train_per_image
+    assert row["params"] == first.params
 
 
 def test_telemetry_samples_become_rows_on_the_master_clock(tmp_path):
     with LedgerWriter(tmp_path) as ledger:
-        start = ledger.append("run_start", t=0.0, run_id="r", config={}, plan={}, dataset={}, rules={})
-    sample = {"wall": start["wall"] + 1.0, "node": "n1", "hostname": "h1", "cpu_percent": 50.0,
+        start = ledger.append(RunStartRecord(t=0.0, run_id="r", config={}, plan={}, dataset={}, rules={}))
+    sample = {"wall": start.wall + 1.0, "node": "n1", "hostname": "h1", "cpu_percent": 50.0,
               "host_mem_used_bytes": 10, "host_mem_total_bytes": 100,
               "accelerators": [{"index": 0, "name": "GPU", "util_percent": 90.0, "mem_used_bytes": 5,
                                 "mem_total_bytes": 8, "power_w": 300.0}]}  # fmt: skip
-    lines = [json.dumps(sample), json.dumps({"wall": start["wall"], "node": "n2", "error": "gone"}), '{"torn']
+    lines = [json.dumps(sample), json.dumps({"wall": start.wall, "node": "n2", "error": "gone"}), '{"torn']
     (tmp_path / TELEMETRY_NAME).write_text("\n".join(lines))
     tel = load(tmp_path).telemetry
     assert list(tel["device"]) == ["cpu", "gpu0"]
@@ -67,7 +68,7 @@ def test_telemetry_samples_become_rows_on_the_master_clock(tmp_path):
 
 
 def test_master_time_follows_the_clock_offset_across_a_resume():
-    records = [{"wall": 1000.0, "t": 0.0}, {"wall": 1010.0, "t": 10.0}, {"wall": 2000.0, "t": 50.0}]
+    records = [Record(wall=1000.0, t=0.0), Record(wall=1010.0, t=10.0), Record(wall=2000.0, t=50.0)]
     assert master_time(records, [999.0, 1005.0, 2001.0]) == [-1.0, 5.0, 51.0]
 
 

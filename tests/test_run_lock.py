@@ -20,7 +20,7 @@ from helpers import REPO, aiperf_cmd, cli_env
 
 from aiperf.engine import run as run_module
 from aiperf.errors import AiperfError
-from aiperf.record.ledger import canonical, read_ledger, record_hash
+from aiperf.record.ledger import canonical, read_raw_ledger, record_hash
 from aiperf.record.runlock import LOCK_NAME, RunLock, RunLocked, live_holder
 
 
@@ -146,12 +146,12 @@ def test_resume_while_the_run_is_going_is_refused_and_the_run_completes_intact(t
         run_dir = None
         while time.monotonic() < deadline and proc.poll() is None:
             runs = [p for p in tmp_path.iterdir() if (p / "ledger.jsonl").exists()]
-            if runs and any(r["type"] == "epoch" for r in read_ledger(runs[0])):
+            if runs and any(r["type"] == "epoch" for r in read_raw_ledger(runs[0])):
                 run_dir = runs[0]
                 break
             time.sleep(0.5)
         assert run_dir is not None, "the first run never completed an epoch"
-        before = read_ledger(run_dir)
+        before = read_raw_ledger(run_dir)
         second = _cli("run", "--resume", str(run_dir), timeout=120)
         assert second.returncode == 2, second.stdout[-2000:] + second.stderr[-2000:]
         message = second.stderr.strip()
@@ -167,7 +167,7 @@ def test_resume_while_the_run_is_going_is_refused_and_the_run_completes_intact(t
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, err[-3000:]
-    records = read_ledger(run_dir)
+    records = read_raw_ledger(run_dir)
     assert records[: len(before)] == before and _chain_ok(records)
     assert [r["type"] for r in records].count("run_start") == 1
     assert not any(r["type"] == "resume" for r in records), "the refused master appended nothing"
@@ -180,7 +180,7 @@ def test_resume_while_the_run_is_going_is_refused_and_the_run_completes_intact(t
 def _resumable_copy(smoke_dir: Path, dst: Path) -> list[dict]:
     """The smoke run as if its master had been killed before retiring its workers."""
     shutil.copytree(smoke_dir, dst)
-    records = read_ledger(dst)
+    records = read_raw_ledger(dst)
     cut = next(k for k, r in enumerate(records) if r["type"] in ("worker", "run_stop"))
     kept = records[:cut]
     (dst / "ledger.jsonl").write_bytes(b"".join(canonical(r) + b"\n" for r in kept))
@@ -203,7 +203,7 @@ def test_resume_takes_over_the_stale_lock_of_a_killed_master(smoke_run, tmp_path
     proc = _cli("run", "--resume", str(run_dir))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"took over the run lock of a master that is no longer running (PID {holder.pid}" in proc.stdout
-    records = read_ledger(run_dir)
+    records = read_raw_ledger(run_dir)
     assert records[: len(kept)] == kept and _chain_ok(records)
     assert records[len(kept)]["type"] == "resume"
     assert records[-1]["type"] == "run_stop"

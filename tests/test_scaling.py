@@ -10,7 +10,7 @@ import pytest
 from aiperf.cli import main
 from aiperf.engine.scaling import scaling_command, scaling_table
 from aiperf.errors import AiperfError
-from aiperf.record.ledger import read_ledger
+from aiperf.record.ledger import read_raw_ledger
 from aiperf.record.verify import verify_run
 
 pytestmark = pytest.mark.slow  # whole simulated and real scaling studies
@@ -30,7 +30,7 @@ def test_each_size_is_a_verifiable_run_on_exactly_that_many_nodes(study):
         run_dir = out / f"nodes-{n:04d}"
         ok, message = verify_run(run_dir)
         assert ok, message
-        records = read_ledger(run_dir)
+        records = read_raw_ledger(run_dir)
         plan = records[0]["plan"]
         assert len(plan["nodes"]) == n
         assert plan["concurrency"] == 8 * n  # the same workers per node at every size: weak scaling

@@ -7,11 +7,18 @@ import math
 import pytest
 
 from aiperf.metrics.score import compute_score, format_ops, quality_factor, score_timeline
+from aiperf.record.schema import (
+    EpochRecord,
+    RequeueRecord,
+    RunStartRecord,
+    RunStopRecord,
+    TrialEndRecord,
+    TrialStartRecord,
+)
 
 
 def epoch(t, trial, n, ops, val_acc, aiperf_ops=None):
-    return {
-        "type": "epoch",
+    fields = {
         "t": t,
         "trial": trial,
         "epoch": n,
@@ -22,24 +29,33 @@ def epoch(t, trial, n, ops, val_acc, aiperf_ops=None):
         "val_acc": val_acc,
         "precision": "float32",
     }
+    if val_acc is None:  # the record's shape requires an accuracy: build this one unchecked
+        return EpochRecord.model_construct(**fields)
+    return EpochRecord(**fields)
+
+
+def trial_start(t, trial, attempt=0):
+    return TrialStartRecord(
+        t=t, trial=trial, attempt=attempt, kind="seed", arch_id="a", flops={"train_per_image": 1.0}, params=1
+    )
 
 
 def ledger():
     """Three trials: one completes, one is re-queued after its first epoch, one is cut off by the stop."""
     return [
-        {"type": "run_start", "t": 0.0},
-        {"type": "trial_start", "t": 1.0, "trial": "t00000", "attempt": 0},
-        {"type": "trial_start", "t": 1.0, "trial": "t00001", "attempt": 0},
+        RunStartRecord(t=0.0, run_id="r"),
+        trial_start(1.0, "t00000"),
+        trial_start(1.0, "t00001"),
         epoch(10.0, "t00000", 1, 100.0, 0.5),
-        {"type": "trial_end", "t": 11.0, "trial": "t00000", "status": "completed"},
+        TrialEndRecord(t=11.0, trial="t00000", status="completed"),
         epoch(20.0, "t00001", 1, 200.0, 0.6),
         # t00001's node dies during epoch 2: that partial epoch leaves no record and is not counted
-        {"type": "requeue", "t": 25.0, "trial": "t00001", "attempt": 1, "from_epoch": 1},
-        {"type": "trial_start", "t": 26.0, "trial": "t00001", "attempt": 1},
+        RequeueRecord(t=25.0, trial="t00001", attempt=1, from_epoch=1),
+        trial_start(26.0, "t00001", attempt=1),
         epoch(40.0, "t00001", 2, 300.0, 0.75),
-        {"type": "trial_end", "t": 41.0, "trial": "t00001", "status": "completed"},
-        {"type": "trial_start", "t": 42.0, "trial": "t00002", "attempt": 0},  # still training at the stop
-        {"type": "run_stop", "t": 60.0, "status": "completed"},
+        TrialEndRecord(t=41.0, trial="t00001", status="completed"),
+        trial_start(42.0, "t00002"),  # still training at the stop
+        RunStopRecord(t=60.0, status="completed"),
     ]
 
 
@@ -58,9 +74,9 @@ def test_counts_only_completed_epochs_and_divides_by_the_last_epoch_time():
 def test_a_ledger_without_epochs_scores_zero():
     s = compute_score(
         [
-            {"type": "run_start", "t": 0.0},
-            {"type": "trial_start", "t": 1.0, "trial": "t00000"},
-            {"type": "run_stop", "t": 30.0},
+            RunStartRecord(t=0.0, run_id="r"),
+            trial_start(1.0, "t00000"),
+            RunStopRecord(t=30.0, status="completed"),
         ]
     )
     assert (s.total_ops, s.wall_s, s.ops_per_s, s.regulated) == (0.0, 0.0, 0.0, 0.0)
@@ -100,7 +116,7 @@ def test_timeline_is_the_score_of_the_ledger_cut_at_each_point():
     assert [p["best_val_acc"] for p in points] == [0.5, 0.6, 0.6, 0.75, 0.75, 0.75]
     assert points[-1]["regulated"] == compute_score(ledger()).regulated
     for p in points:
-        cut = [r for r in ledger() if r["t"] <= p["t"]]
+        cut = [r for r in ledger() if r.t <= p["t"]]
         assert p["regulated"] == compute_score(cut).regulated
 
 

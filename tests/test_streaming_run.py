@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from helpers import REPO, aiperf_cmd, cli_env
 
-from aiperf.record.ledger import read_ledger
+from aiperf.record.ledger import read_raw_ledger
 
 pytestmark = pytest.mark.slow
 
@@ -57,7 +57,7 @@ def manifest(tree: Path) -> dict:
 
 def check_streamed_run(run_dir: Path, tree: Path, stdout: str) -> list[dict]:
     """What every streamed run must show: trained epochs, counted ops, measured waits, skipped images."""
-    records = read_ledger(run_dir)
+    records = read_raw_ledger(run_dir)
     m = manifest(tree)
     epochs = [r for r in records if r["type"] == "epoch"]
     assert epochs and sum(r["ops"] for r in epochs) > 0, "no epoch was trained"
@@ -126,7 +126,7 @@ def test_too_many_undecodable_images_stop_the_run(tmp_path):
     run_dir = only_run(results)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["bad_images"]["count"] >= 2
-    assert any(r["type"] == "bad_images" and r["over_limit"] for r in read_ledger(run_dir))
+    assert any(r["type"] == "bad_images" and r["over_limit"] for r in read_raw_ledger(run_dir))
     assert "failed because" in proc.stdout
 
 
@@ -162,7 +162,7 @@ def test_workers_that_cannot_start_fail_the_run_within_a_minute(tmp_path):
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "the run failed: no worker could start: worker w000" in lines[0]
     assert " on node " in lines[0] and "No module named 'jax'" in lines[0]
-    records = read_ledger(only_run(results))
+    records = read_raw_ledger(only_run(results))
     failed = [r for r in records if r["type"] == "worker_failed"]
     assert len(failed) == 2 and all(r["node"] and r["hostname"] and "jax" in r["cause"] for r in failed)
     stop = records[-1]
@@ -193,7 +193,7 @@ def test_trials_failing_the_same_way_fail_the_run(tmp_path):
         r"the first \d+ trials all failed with the same error; the last on worker w000", lines[0]
     )
     assert "RuntimeError: simulated deterministic failure" in lines[0] and " on node " in lines[0]
-    records = read_ledger(only_run(results))
+    records = read_raw_ledger(only_run(results))
     assert records[-1]["status"] == "failed" and records[-1]["t"] < 60
     assert sum(r["type"] == "trial_end" and r["status"] == "failed" for r in records) >= 5
 
@@ -229,6 +229,6 @@ def test_a_node_that_does_not_see_the_dataset_is_named(imagenet_tree, tmp_path):
 
 def test_resident_runs_measure_data_wait_too(smoke_run):
     run_dir, proc = smoke_run
-    epochs = [r for r in read_ledger(run_dir) if r["type"] == "epoch"]
+    epochs = [r for r in read_raw_ledger(run_dir) if r["type"] == "epoch"]
     assert epochs and all(r["input"] == "memory" and 0.0 <= r["data_wait_s"] <= r["train_s"] for r in epochs)
     assert "% of step time waiting (resident arrays)" in proc.stdout

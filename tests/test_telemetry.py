@@ -11,6 +11,7 @@ import pytest
 
 from aiperf.errors import AiperfError
 from aiperf.record.ledger import LedgerWriter
+from aiperf.record.schema import Record
 from aiperf.record.summary import build_summary, format_summary
 from aiperf.record.telemetry import TELEMETRY_NAME, NodeSampler, TelemetryRecorder, read_telemetry, summarize_telemetry
 
@@ -113,12 +114,15 @@ def test_without_power_there_is_no_energy_and_no_ops_per_watt():
 
 def test_the_summary_gains_a_telemetry_section_only_when_samples_exist(tmp_path):
     with LedgerWriter(tmp_path) as ledger:
-        ledger.append("run_start", t=0.0, run_id="r", config={"run": {"name": "x", "telemetry_interval_s": 5.0}},
-                      plan={}, dataset={"split": {"disjoint": True}}, rules={})  # fmt: skip
-        ledger.append("trial_start", trial="t0", kind="seed", arch_id="a", params=1, flops={"train_per_image": 1.0})
-        ledger.append("epoch", t=10.0, trial="t0", epoch=1, ops=7e12, train_ops=6e12, eval_ops=1e12,
-                      aiperf_ops=7e12, val_acc=0.9, precision="float32")  # fmt: skip
-        ledger.append("run_stop", status="completed", reason="")
+        config = {"run": {"name": "x", "telemetry_interval_s": 5.0}}
+        ledger.append(Record(type="run_start", t=0.0, run_id="r", config=config, plan={},
+                             dataset={"split": {"disjoint": True}}, rules={}))  # fmt: skip
+        ledger.append(
+            Record(type="trial_start", trial="t0", kind="seed", arch_id="a", params=1, flops={"train_per_image": 1.0})
+        )
+        ledger.append(Record(type="epoch", t=10.0, trial="t0", epoch=1, ops=7e12, train_ops=6e12, eval_ops=1e12,
+                             aiperf_ops=7e12, val_acc=0.9, precision="float32"))  # fmt: skip
+        ledger.append(Record(type="run_stop", status="completed", reason=""))
     assert "telemetry" not in build_summary(tmp_path)
     lines = [json.dumps(_sample(100.0)), json.dumps(_sample(110.0)), '{"wall": 1']  # the last line was torn
     (tmp_path / TELEMETRY_NAME).write_text("\n".join(lines))

@@ -16,7 +16,7 @@ import os
 import socket
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -159,7 +159,7 @@ class TrialWorker:
 
     def run_trial(
         self, spec: dict[str, Any], parent_weights: Weights | None = None, resume_weights: Weights | None = None
-    ) -> Iterator[TrialMessage]:
+    ) -> Generator[TrialMessage, None, None]:
         """Train one trial; yields a start marker, one report per epoch, then the final weights.
 
         The first epoch report carries ``idle_before_s``: the time between this worker's

@@ -28,25 +28,41 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
-import hashlib
 import json
 import os
 import platform
 import random
-import stat
 import time
 import zipfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from aiperf.engine.weights import file_sha256
 from aiperf.errors import AiperfError, excerpt
 from aiperf.record.audit_file import AUDIT_NAME
 from aiperf.record.files import write_atomic
-from aiperf.record.ledger import read_ledger_contents
+from aiperf.record.ledger import LEDGER_NAME, read_raw_ledger
+from aiperf.record.schema import (
+    EpochRecord,
+    Record,
+    RequeueRecord,
+    RunStartRecord,
+    TrialEndRecord,
+    TrialStartRecord,
+    TrialStatus,
+    WeightsRecord,
+    of_type,
+    parse_records,
+)
 from aiperf.record.verify import verify_run
+
+if TYPE_CHECKING:  # imported where they are used: the frameworks load only when the audit re-executes
+    from aiperf.cluster.worker import TrialWorker
+    from aiperf.config import Config
+    from aiperf.datasets.base import Dataset
+    from aiperf.training.trainer import TrainerSettings
 
 # Re-evaluation is deterministic given the weights, the data and the code; what can differ on
 # another machine (or thread count) is the summation order inside the framework's kernels, which
@@ -91,60 +107,42 @@ class AuditResult:
 
 @dataclass
 class _Trial:
-    start: dict[str, Any]  # the latest trial_start
+    start: TrialStartRecord  # the latest trial_start
     requeued: bool = False  # a later attempt resumed it (from an in-memory checkpoint no file keeps)
-    status: str | None = None
-    epochs: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)  # (attempt, epoch) -> record
-    weights: dict[str, Any] | None = None
+    status: TrialStatus | None = None
+    epochs: dict[tuple[int, int], EpochRecord] = field(default_factory=dict)  # (attempt, epoch) -> record
+    weights: WeightsRecord | None = None
 
 
-def _trials(records: list[dict[str, Any]]) -> dict[str, _Trial]:
+def _trials(records: list[Record]) -> dict[str, _Trial]:
     trials: dict[str, _Trial] = {}
     for rec in records:
-        kind = rec.get("type")
-        if kind == "trial_start":
-            prior = trials.get(rec["trial"])
-            trials[rec["trial"]] = _Trial(rec, requeued=prior is not None and prior.requeued)
+        if isinstance(rec, TrialStartRecord):
+            prior = trials.get(rec.trial)
+            trials[rec.trial] = _Trial(rec, requeued=prior is not None and prior.requeued)
             if prior:
-                trials[rec["trial"]].epochs = prior.epochs
-        elif kind in ("epoch", "trial_end", "weights", "requeue") and rec.get("trial") in trials:
-            t = trials[rec["trial"]]
-            if kind == "epoch":
-                t.epochs[(rec.get("attempt", 0), rec["epoch"])] = rec
-            elif kind == "trial_end":
-                t.status = rec.get("status")
-            elif kind == "weights":
+                trials[rec.trial].epochs = prior.epochs
+        elif isinstance(rec, (EpochRecord, TrialEndRecord, WeightsRecord, RequeueRecord)) and rec.trial in trials:
+            t = trials[rec.trial]
+            if isinstance(rec, EpochRecord):
+                t.epochs[(rec.attempt, rec.epoch)] = rec
+            elif isinstance(rec, TrialEndRecord):
+                t.status = rec.status
+            elif isinstance(rec, WeightsRecord):
                 t.weights = rec
             else:
                 t.requeued = True
     return trials
 
 
-def _weights_path(run_dir: Path, rec: dict[str, Any]) -> Path | None:
+def _weights_path(run_dir: Path, rec: WeightsRecord) -> Path | None:
     """The file a ``weights`` record names, or None unless it is ``RUN_DIR/weights/<its trial>.npz``."""
-    name = rec.get("file")
-    if not isinstance(name, str) or not name.isprintable() or len(name) > 200:
+    if not rec.file.isprintable() or len(rec.file) > 200:
         return None
-    parts = PurePosixPath(name).parts
-    if parts != ("weights", f"{rec.get('trial')}.npz"):  # each trial's own file, nothing else
+    parts = PurePosixPath(rec.file).parts
+    if parts != ("weights", f"{rec.trial}.npz"):  # each trial's own file, nothing else
         return None
     return run_dir / parts[0] / parts[1]
-
-
-def hash_regular_file(path: Path) -> tuple[str, int]:
-    """SHA-256 hex and size of a regular file (a FIFO or device raises ``OSError``, never blocks)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", str(path))
-        digest, size = hashlib.sha256(), 0
-        with os.fdopen(fd, "rb", closefd=False) as fh:
-            while chunk := fh.read(1 << 20):
-                digest.update(chunk)
-                size += len(chunk)
-        return digest.hexdigest(), size
-    finally:
-        os.close(fd)
 
 
 def check_weight_files(run_dir: Path, trials: dict[str, _Trial]) -> tuple[list[str], dict[str, str], list[str]]:
@@ -158,26 +156,24 @@ def check_weight_files(run_dir: Path, trials: dict[str, _Trial]) -> tuple[list[s
             continue
         path = _weights_path(run_dir, rec)
         if path is None:
-            name = excerpt(rec.get("file"))
-            problems.append(
-                f"trial {trial}: its weights record (seq {rec['seq']}) names {name}, not a file in weights/"
-            )
+            name = excerpt(rec.file)
+            problems.append(f"trial {trial}: its weights record (seq {rec.seq}) names {name}, not a file in weights/")
             state[trial] = "bad"
             continue
         named.add(path)
         try:
-            digest, size = hash_regular_file(path)
+            digest, size = file_sha256(path)
         except FileNotFoundError:
             state[trial] = "missing"  # evicted: the store keeps only the best sets
             continue
         except OSError as exc:
-            problems.append(f"trial {trial}: {rec['file']} cannot be read ({exc.strerror or exc})")
+            problems.append(f"trial {trial}: {rec.file} cannot be read ({exc.strerror or exc})")
             state[trial] = "bad"
             continue
-        if digest != rec.get("sha256") or size != rec.get("bytes"):
+        if digest != rec.sha256 or size != rec.bytes:
             problems.append(
-                f"trial {trial}: {rec['file']} has SHA-256 {digest[:16]}... ({size:,} bytes) but the ledger "
-                f"(seq {rec['seq']}) recorded {str(rec.get('sha256'))[:16]}... ({rec.get('bytes')} bytes): "
+                f"trial {trial}: {rec.file} has SHA-256 {digest[:16]}... ({size:,} bytes) but the ledger "
+                f"(seq {rec.seq}) recorded {rec.sha256[:16]}... ({rec.bytes} bytes): "
                 "the file was changed after the run wrote it"
             )
             state[trial] = "bad"
@@ -191,20 +187,17 @@ def check_weight_files(run_dir: Path, trials: dict[str, _Trial]) -> tuple[list[s
     return problems, state, unrecorded
 
 
-def _best(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+def _best(records: list[Record]) -> EpochRecord | None:
     """The epoch the summary calls best (same rule as ``build_summary``)."""
-    epochs = [r for r in records if r.get("type") == "epoch"]
-    return max(epochs, key=lambda r: (r["val_acc"], -r["seq"]), default=None)
+    return max(of_type(records, EpochRecord), key=lambda r: (r.val_acc, -r.seq), default=None)
 
 
 # --- doing the work again -----------------------------------------------------------------------
 
 
-def _threads(header: dict[str, Any]) -> int:
+def _threads(header: RunStartRecord) -> int:
     """The threads one trial had in the run (the plan's), at most this machine's CPUs."""
-    plan = header.get("plan") or {}
-    recorded = plan.get("threads_per_trial")
-    n = recorded if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded > 0 else 1
+    n = header.plan.threads_per_trial or 1
     return max(1, min(n, os.cpu_count() or 1))
 
 
@@ -249,11 +242,11 @@ def _native_stderr_muted() -> Iterator[None]:
         os.close(saved)
 
 
-def _load_data(cfg: Any, header: dict[str, Any]) -> Any:
+def _load_data(cfg: Config, header: RunStartRecord) -> Dataset:
     from aiperf.datasets import load_dataset
 
     dataset = load_dataset(cfg.dataset)
-    recorded = (header.get("dataset") or {}).get("fingerprint")
+    recorded = header.dataset.fingerprint
     if dataset.fingerprint() != recorded:
         raise AiperfError(
             f"the dataset {dataset.name} on this machine ({dataset.source}) is not the one the run used: its "
@@ -262,7 +255,7 @@ def _load_data(cfg: Any, header: dict[str, Any]) -> Any:
     return dataset
 
 
-def _trainer_settings(cfg: Any, precision: str) -> Any:
+def _trainer_settings(cfg: Config, precision: str) -> TrainerSettings:
     """The workers' trainer settings for this config, as a worker on a CPU sets them."""
     from aiperf.training.trainer import TrainerSettings
 
@@ -277,7 +270,7 @@ def _trainer_settings(cfg: Any, precision: str) -> Any:
     )
 
 
-def reevaluate(run_dir: Path, cfg: Any, dataset: Any, backend: str, trial: str, t: _Trial) -> TrialCheck:
+def reevaluate(run_dir: Path, cfg: Config, dataset: Dataset, backend: str, trial: str, t: _Trial) -> TrialCheck:
     """Rebuild ``trial`` from its recorded architecture and stored weights; compare the stored epoch's val_acc."""
     from aiperf.engine.weights import load_weights
     from aiperf.training.input_pipeline import eval_batch_size
@@ -287,45 +280,47 @@ def reevaluate(run_dir: Path, cfg: Any, dataset: Any, backend: str, trial: str, 
 
     w = t.weights
     assert w is not None
-    epoch = t.epochs.get((int(w.get("attempt", 0)), int(w["epoch"])))
+    epoch = t.epochs.get((w.attempt, w.epoch))
     if epoch is None:
-        which = f"epoch {w.get('epoch')} of attempt {w.get('attempt', 0)}"
-        detail = f"its weights record (seq {w['seq']}) names {which}, which the ledger does not record"
+        which = f"epoch {w.epoch} of attempt {w.attempt}"
+        detail = f"its weights record (seq {w.seq}) names {which}, which the ledger does not record"
         return TrialCheck(trial, "reevaluate", "fail", detail)
+    if t.start.graph is None:
+        return TrialCheck(trial, "reevaluate", "fail", "its trial_start record holds no architecture (graph)")
     path = _weights_path(run_dir, w)
     assert path is not None
     try:
         weights = load_weights(path)
     except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
-        return TrialCheck(trial, "reevaluate", "fail", f"{w['file']} cannot be loaded ({exc})", epoch["epoch"])
-    graph = apply_hparams(graph_from_dict(t.start["graph"]), t.start.get("hparams") or {})
-    runner = TrialRunner(dataset, _trainer_settings(cfg, epoch["precision"]), backend)
+        return TrialCheck(trial, "reevaluate", "fail", f"{w.file} cannot be loaded ({exc})", epoch.epoch)
+    graph = apply_hparams(graph_from_dict(t.start.graph), t.start.hparams.model_dump(exclude_unset=True))
+    runner = TrialRunner(dataset, _trainer_settings(cfg, epoch.precision), backend)
     try:
         model = runner._build(graph, weights)  # the workers' builder, dtype policy and weight loading
     except Exception as exc:  # weights of another shape: the file is not this architecture's
-        return TrialCheck(trial, "reevaluate", "fail", f"{w['file']} does not fit its architecture ({exc})")
-    batch = eval_batch_size(dataset.val_size, max(int(epoch.get("batch_size") or 1), runner.settings.eval_batch_size))
+        return TrialCheck(trial, "reevaluate", "fail", f"{w.file} does not fit its architecture ({exc})")
+    batch = eval_batch_size(dataset.val_size, max(epoch.batch_size or 1, runner.settings.eval_batch_size))
     try:
         logits, labels, _ = runner._evaluate(model, batch)  # the workers' evaluation of the held-out split
     except Exception as exc:
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
         return TrialCheck(trial, "reevaluate", "fail", f"evaluating it raised {type(exc).__name__}: {reason}")
     _, val_acc = classification_metrics(logits, labels)
-    recorded = epoch["val_acc"]
+    recorded = epoch.val_acc
     images = len(labels)
     off = round(abs(val_acc - recorded) * images)
     detail = (
-        f"epoch {epoch['epoch']} (its stored weights): recorded val_acc {recorded:.4f}, re-evaluated {val_acc:.4f}"
+        f"epoch {epoch.epoch} (its stored weights): recorded val_acc {recorded:.4f}, re-evaluated {val_acc:.4f}"
         f" on {images} held-out images"
     )
     ok = abs(val_acc - recorded) * images <= REEVAL_TOLERANCE_IMAGES + 1e-9
     if not ok:
         detail += f" ({off} images apart; at most {REEVAL_TOLERANCE_IMAGES} allowed)"
-    return TrialCheck(trial, "reevaluate", "pass" if ok else "fail", detail, epoch["epoch"], recorded, val_acc)
+    return TrialCheck(trial, "reevaluate", "pass" if ok else "fail", detail, epoch.epoch, recorded, val_acc)
 
 
 def retrain(
-    worker: Any, run_dir: Path, trial: str, t: _Trial, trials: dict[str, _Trial], speed_factor: float
+    worker: TrialWorker, run_dir: Path, trial: str, t: _Trial, trials: dict[str, _Trial], speed_factor: float
 ) -> TrialCheck:
     """Train ``trial`` again through the worker's code and compare its accuracy curve and epoch times."""
     from aiperf.cluster.messages import EpochReport
@@ -333,31 +328,32 @@ def retrain(
     from aiperf.training.trial import TrialSpec
 
     s = t.start
+    assert s.graph is not None and s.seed is not None  # only such trials are retrainable
     parent_graph = parent_weights = None
-    if s.get("inherit"):
-        parent = trials[s["inherit"]]
+    if s.inherit:
+        parent = trials[s.inherit]
         assert parent.weights is not None
         path = _weights_path(run_dir, parent.weights)
         assert path is not None
         parent_weights = load_weights(path)
-        parent_graph = parent.start["graph"]
+        parent_graph = parent.start.graph
     spec = TrialSpec(
         trial_id=trial,
-        kind=s["kind"],
-        graph=s["graph"],
-        hparams=dict(s["hparams"]),
-        seed=s["seed"],
+        kind=s.kind,
+        graph=s.graph,
+        hparams=s.hparams.model_dump(exclude_unset=True),
+        seed=s.seed,
         parent_graph=parent_graph,
-        morphs=list(s.get("morphs") or []) if parent_graph is not None else [],
+        morphs=list(s.morphs) if parent_graph is not None else [],
         checkpoint_every_epoch=False,
     )
     recorded = [t.epochs[k] for k in sorted(t.epochs) if k[0] == 0]
-    measured: list[dict[str, Any]] = []
+    measured: list[EpochReport] = []
     run = worker.run_trial(spec.to_dict(), parent_weights)
     try:
         for item in run:
             if isinstance(item, EpochReport):
-                measured.append({"val_acc": item.val_acc, "train_s": item.train_s, "eval_s": item.eval_s})
+                measured.append(item)
                 if len(measured) == len(recorded):
                     break  # a trial the run stopped early: its recorded epochs are all there is to compare
     except Exception as exc:  # the recorded spec does not train here: it does not reproduce
@@ -365,9 +361,9 @@ def retrain(
         return TrialCheck(trial, "retrain", "fail", f"re-training it raised {type(exc).__name__}: {reason}")
     finally:
         run.close()
-    curve = [(r["val_acc"], m["val_acc"]) for r, m in zip(recorded, measured, strict=False)]
-    rec_s = sum(r["train_s"] + r["eval_s"] for r in recorded) / len(recorded)
-    got_s = sum(m["train_s"] + m["eval_s"] for m in measured) / max(1, len(measured))
+    curve = [(r.val_acc, m.val_acc) for r, m in zip(recorded, measured, strict=False)]
+    rec_s = sum((r.train_s or 0) + (r.eval_s or 0) for r in recorded) / len(recorded)  # both recorded: retrainable
+    got_s = sum(m.train_s + m.eval_s for m in measured) / max(1, len(measured))
     data = {"val_acc": [a for a, _ in curve], "epoch_s": rec_s}
     got = {"val_acc": [b for _, b in curve], "epoch_s": got_s}
     text = ", ".join(f"{a:.4f}/{b:.4f}" for a, b in curve)
@@ -394,9 +390,9 @@ def retrain(
 def _without_weights(trial: str, t: _Trial, state: str | None, best: bool) -> TrialCheck:
     """A sampled trial with no weights file: skipped, unless it is the best trial and should have one."""
     if best and state == "missing" and t.weights is not None:
-        detail = f"the best trial's weights file {t.weights['file']} is missing"
+        detail = f"the best trial's weights file {t.weights.file} is missing"
         return TrialCheck(trial, "reevaluate", "fail", detail)
-    if best and t.status == "completed":
+    if best and t.status is TrialStatus.COMPLETED:
         return TrialCheck(
             trial, "reevaluate", "fail", "the best trial completed but the ledger records no weights file"
         )
@@ -407,19 +403,21 @@ def _without_weights(trial: str, t: _Trial, state: str | None, best: bool) -> Tr
 def _retrainable(trial: str, t: _Trial, trials: dict[str, _Trial], files: dict[str, str]) -> bool:
     """Trained in one attempt from its start, with a recorded seed and (if it inherits) its parent's weights on disk."""
     s = t.start
+    # A failed trial fails again; a lost one has no end.
     if (
         t.requeued
-        or t.status not in ("completed", "stopped")  # a failed trial fails again; a lost one has no end
-        or s.get("attempt", 0)
-        or s.get("start_epoch", 0)
-        or not isinstance(s.get("seed"), int)
+        or t.status not in (TrialStatus.COMPLETED, TrialStatus.STOPPED)
+        or s.attempt
+        or s.start_epoch
+        or s.seed is None
+        or s.graph is None
         or not t.epochs
     ):
         return False
-    if not all(k[0] == 0 for k in t.epochs) or not all("train_s" in e and "eval_s" in e for e in t.epochs.values()):
+    timed = all(e.train_s is not None and e.eval_s is not None for e in t.epochs.values())
+    if not all(k[0] == 0 for k in t.epochs) or not timed:
         return False
-    parent = s.get("inherit")
-    return parent is None or (parent in trials and files.get(parent) == "ok")
+    return s.inherit is None or (s.inherit in trials and files.get(s.inherit) == "ok")
 
 
 # --- all of it ----------------------------------------------------------------------------------
@@ -427,8 +425,8 @@ def _retrainable(trial: str, t: _Trial, trials: dict[str, _Trial], files: dict[s
 
 def _reevaluate_targets(
     run_dir: Path,
-    cfg: Any,
-    dataset: Any,
+    cfg: Config,
+    dataset: Dataset,
     trials: dict[str, _Trial],
     files: dict[str, str],
     targets: list[str],
@@ -449,8 +447,8 @@ def _reevaluate_targets(
 
 def _retrain_sample(
     run_dir: Path,
-    cfg: Any,
-    dataset: Any,
+    cfg: Config,
+    dataset: Dataset,
     trials: dict[str, _Trial],
     files: dict[str, str],
     how: tuple[int, int, int, float],
@@ -466,9 +464,9 @@ def _retrain_sample(
     if len(picks) < count:
         notes.append(f"--retrain {count}: only {len(pool)} trial(s) can be re-trained from their recorded spec")
     base = dataclasses.replace(WorkerSettings.from_config(cfg), threads=threads, data_parallel=1)
-    workers: dict[str, Any] = {}
+    workers: dict[str, TrialWorker] = {}
     for trial in sorted(picks):
-        precision = next(iter(trials[trial].epochs.values()))["precision"]  # the policy the run used
+        precision = next(iter(trials[trial].epochs.values())).precision  # the policy the run used
         if precision not in workers:
             workers[precision] = TrialWorker("audit", dataset, dataclasses.replace(base, precision=precision))
         checks.append(retrain(workers[precision], run_dir, trial, trials[trial], trials, speed_factor))
@@ -502,14 +500,17 @@ def audit_run(
     }
     verified, verify_message = verify_run(run_dir)
     data["verify"] = verify_message.splitlines()[0]
-    records = read_ledger_contents(run_dir).records
-    header = records[0]
-    data["run_id"] = header.get("run_id")
-    data["ledger"] = {"records": len(records), "last_hash": records[-1].get("hash")}
+    # Until it verifies, the ledger is not known to hold records of their shape: its header's id
+    # and its last hash are read from the JSON as it is.
+    raw = read_raw_ledger(run_dir)
+    data["run_id"] = raw[0].get("run_id")
+    data["ledger"] = {"records": len(raw), "last_hash": raw[-1].get("hash")}
     if not verified:
         lines = [line.removeprefix("  also: ") for line in verify_message.splitlines()]
         lines[0] = lines[0].replace("verify failed: ", "the ledger does not verify: ", 1)
         return _finish(run_dir, data, lines, checks, notes)
+    records = parse_records(raw, run_dir / LEDGER_NAME)
+    header = of_type(records, RunStartRecord)[0]
     trials = _trials(records)
     problems, files, unrecorded = check_weight_files(run_dir, trials)
     data["weight_files"] = {t: files[t] for t in sorted(files)}
@@ -521,19 +522,19 @@ def audit_run(
             f"{run_dir}: the ledger records no weights files (written before aiperf hashed them, or no trial "
             "completed): there is nothing to re-evaluate"
         )
-    completed = sorted(t for t, v in trials.items() if v.status == "completed")
+    completed = sorted(t for t, v in trials.items() if v.status is TrialStatus.COMPLETED)
     best = _best(records)
-    best_trial = best["trial"] if best else None
+    best_trial = best.trial if best else None
     rng = random.Random(seed)
     others = [t for t in completed if t != best_trial]
     chosen = rng.sample(others, min(sample, len(others)))
     targets = ([best_trial] if best_trial else []) + sorted(chosen)
     if best is not None:
-        data["best"] = {"trial": best_trial, "epoch": best["epoch"], "val_acc": best["val_acc"]}
+        data["best"] = {"trial": best_trial, "epoch": best.epoch, "val_acc": best.val_acc}
     if problems:  # a weights file that is not what the run wrote: nothing computed from it can be trusted
         return _finish(run_dir, data, problems, checks, notes)
     try:
-        cfg = config_from_dict(header["config"])
+        cfg = config_from_dict(header.config.model_dump(exclude_unset=True))
     except AiperfError as exc:
         raise AiperfError(f"{run_dir}: the run's recorded config is not usable here: {exc}") from None
     backend = cfg.model.backend
@@ -556,9 +557,9 @@ def audit_run(
             )
     if best is not None and best_trial in trials:
         stored = trials[best_trial].weights
-        if stored is None or stored.get("epoch") != best["epoch"] or stored.get("attempt", 0) != best.get("attempt", 0):
+        if stored is None or stored.epoch != best.epoch or stored.attempt != best.attempt:
             notes.append(
-                f"the best val_acc ({best['val_acc']:.4f}, trial {best_trial} epoch {best['epoch']}) is not an epoch "
+                f"the best val_acc ({best.val_acc:.4f}, trial {best_trial} epoch {best.epoch}) is not an epoch "
                 "whose weights were stored: only --retrain re-checks it"
             )
     if no_weights:

@@ -23,7 +23,7 @@ import itertools
 import re
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiperf.cluster.messages import BadImagesReport, EpochReport, EventKind, TrialDone
@@ -33,7 +33,21 @@ from aiperf.engine.progress import Progress
 from aiperf.engine.weights import WeightStore
 from aiperf.metrics.flops import GraphCost, aiperf_compatible_operations, count_flops, epoch_operations
 from aiperf.record.ledger import LedgerWriter
-from aiperf.record.schema import RecordType, RunStatus, TrialStatus
+from aiperf.record.schema import (
+    BadImagesRecord,
+    EpochRecord,
+    IdleGaps,
+    RequeueRecord,
+    RunStatus,
+    TrialEndRecord,
+    TrialFlops,
+    TrialHparams,
+    TrialStartRecord,
+    TrialStatus,
+    WeightsRecord,
+    WorkerFailedRecord,
+    WorkerRecord,
+)
 from aiperf.training.compiled_models import compile_key
 from aiperf.training.trial import TrialSpec, Weights, apply_hparams
 from nas.graph import Graph
@@ -357,11 +371,12 @@ class Master:
     def _on_start_failed(self, ev: PoolEvent) -> None:
         d = ev.data
         self.ledger.append(
-            RecordType.WORKER_FAILED,
-            worker=ev.worker,
-            node=d.get("node", ""),
-            hostname=d.get("hostname", ""),
-            cause=ev.error,
+            WorkerFailedRecord(
+                worker=ev.worker,
+                node=d.get("node", ""),
+                hostname=d.get("hostname", ""),
+                cause=ev.error,
+            )
         )
         self.start_failures.append(_Failure(cause_key(ev.error), ev.worker, self._where(ev.worker, d), ev.error))
         self.retired.add(ev.worker)  # it never worked: no worker record with busy times
@@ -394,14 +409,15 @@ class Master:
             return  # another worker found the same files first
         info = self.pool.worker_info(ev.worker)
         self.ledger.append(
-            RecordType.BAD_IMAGES,
-            trial=ev.trial,
-            worker=ev.worker,
-            node=info.get("node", ""),
-            files=new,
-            count=len(self.bad_images),
-            epoch_count=d.epoch_count,
-            over_limit=over,
+            BadImagesRecord(
+                trial=ev.trial,
+                worker=ev.worker,
+                node=info.get("node", ""),
+                files=new,
+                count=len(self.bad_images),
+                epoch_count=d.epoch_count,
+                over_limit=over,
+            )
         )
         if over and total > 0:
             names = sorted(self.bad_images)
@@ -420,31 +436,32 @@ class Master:
         p = state.proposal
         batch = int(p.hparams["batch_size"])
         self.ledger.append(
-            RecordType.TRIAL_START,
-            t=now,
-            trial=state.trial_id,
-            kind=p.kind,
-            parent=p.parent,
-            inherit=state.inherit,
-            morphs=[m.to_dict() for m in p.morphs],
-            lineage=[m.describe() for m in p.morphs],
-            arch_id=state.graph.key(),
-            graph=graph_to_dict(state.graph),
-            hparams=dict(p.hparams),
-            flops={
-                "forward": state.cost.forward,
-                "backward": state.cost.backward,
-                "update_per_step": state.cost.update_per_step,
-                "train_per_image": state.cost.train_per_image(batch),
-                "eval_per_image": state.cost.eval_per_image,
-            },
-            params=p.graph.param_count,
-            worker=ev.worker,
-            node=info.get("node", ""),
-            attempt=state.attempt,
-            start_epoch=state.epochs_done if state.checkpoint is not None else 0,
-            seed=state.seed,  # the trial's training seed: `aiperf audit --retrain` trains it again
-            info=p.info,
+            TrialStartRecord(
+                t=now,
+                trial=state.trial_id,
+                kind=p.kind,
+                parent=p.parent,
+                inherit=state.inherit,
+                morphs=[m.to_dict() for m in p.morphs],
+                lineage=[m.describe() for m in p.morphs],
+                arch_id=state.graph.key(),
+                graph=graph_to_dict(state.graph),
+                hparams=TrialHparams(**p.hparams),
+                flops=TrialFlops(
+                    forward=state.cost.forward,
+                    backward=state.cost.backward,
+                    update_per_step=state.cost.update_per_step,
+                    train_per_image=state.cost.train_per_image(batch),
+                    eval_per_image=state.cost.eval_per_image,
+                ),
+                params=p.graph.param_count,
+                worker=ev.worker,
+                node=info.get("node", ""),
+                attempt=state.attempt,
+                start_epoch=state.epochs_done if state.checkpoint is not None else 0,
+                seed=state.seed,  # the trial's training seed: `aiperf audit --retrain` trains it again
+                info=p.info,
+            )
         )
 
     def _on_epoch(self, ev: PoolEvent) -> None:
@@ -457,32 +474,18 @@ class Master:
         aiperf_ops = aiperf_compatible_operations(state.graph, d.train_images, d.eval_images)
         info = self.pool.worker_info(ev.worker)
         self.ledger.append(
-            RecordType.EPOCH,
-            t=now,
-            trial=state.trial_id,
-            epoch=d.epoch,
-            attempt=state.attempt,
-            train_images=d.train_images,
-            eval_images=d.eval_images,
-            train_ops=train_ops,
-            eval_ops=eval_ops,
-            ops=train_ops + eval_ops,
-            aiperf_ops=aiperf_ops,
-            train_acc=d.train_acc,
-            train_loss=d.train_loss,
-            val_acc=d.val_acc,
-            val_loss=d.val_loss,
-            train_s=d.train_s,
-            eval_s=d.eval_s,
-            data_wait_s=d.data_wait_s,
-            input=d.input,
-            skipped_images=d.skipped_images,
-            batch_size=d.batch_size,
-            precision=d.precision,
-            oom_retries=d.oom_retries,
-            idle_before_s=d.idle_before_s,
-            worker=ev.worker,
-            node=info.get("node", ""),
+            epoch_record(
+                d,
+                t=now,
+                trial=state.trial_id,
+                attempt=state.attempt,
+                train_ops=train_ops,
+                eval_ops=eval_ops,
+                ops=train_ops + eval_ops,
+                aiperf_ops=aiperf_ops,
+                worker=ev.worker,
+                node=info.get("node", ""),
+            )
         )
         if d.idle_before_s is not None:
             self.worker_gaps.setdefault(ev.worker, []).append(d.idle_before_s)
@@ -511,33 +514,35 @@ class Master:
             self.worker_compile[ev.worker] = self.worker_compile.get(ev.worker, 0.0) + compile_s
         best = state.best if state.best is not None else 0.0
         self.ledger.append(
-            RecordType.TRIAL_END,
-            t=now,
-            trial=state.trial_id,
-            status=TrialStatus.COMPLETED,
-            reason="",
-            attempt=state.attempt,
-            epochs=state.epochs_done,
-            best_val_acc=state.best,
-            startup_s=d.startup_s,
-            first_step_s=d.first_step_s,
-            compile_s=d.compile_s,
-            step_reused=d.step_reused,
-            batch_size=d.batch_size,
-            requested_batch_size=d.requested_batch_size,
-            worker=ev.worker,
+            TrialEndRecord(
+                t=now,
+                trial=state.trial_id,
+                status=TrialStatus.COMPLETED,
+                reason="",
+                attempt=state.attempt,
+                epochs=state.epochs_done,
+                best_val_acc=state.best,
+                startup_s=d.startup_s,
+                first_step_s=d.first_step_s,
+                compile_s=d.compile_s,
+                step_reused=d.step_reused,
+                batch_size=d.batch_size,
+                requested_batch_size=d.requested_batch_size,
+                worker=ev.worker,
+            )
         )
         saved = self.weights.saved(state.trial_id) if self.weights.put(state.trial_id, d.weights, best) else None
         if saved is not None:  # the file's hash, for `aiperf audit`: these are the weights after the last epoch
             self.ledger.append(
-                RecordType.WEIGHTS,
-                t=now,
-                trial=state.trial_id,
-                attempt=state.attempt,
-                epoch=state.epochs_done,
-                file=saved.file,
-                sha256=saved.sha256,
-                bytes=saved.size,
+                WeightsRecord(
+                    t=now,
+                    trial=state.trial_id,
+                    attempt=state.attempt,
+                    epoch=state.epochs_done,
+                    file=saved.file,
+                    sha256=saved.sha256,
+                    bytes=saved.size,
+                )
             )
         self.completed += 1
         self.proposer.tell(state.trial_id, best, final=True)
@@ -559,27 +564,29 @@ class Master:
                 state.epochs_done = 0
             state.attempt += 1
             self.ledger.append(
-                RecordType.REQUEUE,
-                t=now,
-                trial=state.trial_id,
-                attempt=state.attempt,
-                from_epoch=keep,
-                reason=ev.error,
-                worker=ev.worker,
+                RequeueRecord(
+                    t=now,
+                    trial=state.trial_id,
+                    attempt=state.attempt,
+                    from_epoch=keep,
+                    reason=ev.error,
+                    worker=ev.worker,
+                )
             )
             self.retry_queue.append(state)
             return
         status = TrialStatus.LOST if ev.worker_lost else TrialStatus.FAILED
         self.ledger.append(
-            RecordType.TRIAL_END,
-            t=now,
-            trial=state.trial_id,
-            status=status,
-            reason=ev.error,
-            attempt=state.attempt,
-            epochs=state.epochs_done,
-            best_val_acc=state.best,
-            worker=ev.worker,
+            TrialEndRecord(
+                t=now,
+                trial=state.trial_id,
+                status=status,
+                reason=ev.error,
+                attempt=state.attempt,
+                epochs=state.epochs_done,
+                best_val_acc=state.best,
+                worker=ev.worker,
+            )
         )
         self.proposer.forget(state.trial_id)
         if self.progress is not None:
@@ -621,28 +628,29 @@ class Master:
         gaps = sorted(self.worker_gaps.get(worker, []))
         info = self.pool.worker_info(worker)
         self.ledger.append(
-            RecordType.WORKER,
-            t=now,
-            worker=worker,
-            node=info.get("node", ""),
-            hostname=info.get("hostname", ""),
-            device=info.get("device", {}),
-            precision=info.get("precision"),
-            init_s=info.get("init_s"),
-            decode_threads=info.get("decode_threads"),
-            busy_s=busy,
-            alive_s=alive,
-            busy_fraction=(busy / alive) if alive else None,
-            compile_s=compile_s,
-            steady_busy_fraction=(max(0.0, busy - compile_s) / alive) if alive else None,
-            idle_gaps={
-                "count": len(gaps),
-                "mean_s": sum(gaps) / len(gaps) if gaps else None,
-                "max_s": gaps[-1] if gaps else None,
-                "median_s": gaps[len(gaps) // 2] if gaps else None,
-            },
-            worker_reported=self.worker_stats.get(worker),
-            retired=retired_because,
+            WorkerRecord(
+                t=now,
+                worker=worker,
+                node=info.get("node", ""),
+                hostname=info.get("hostname", ""),
+                device=info.get("device", {}),
+                precision=info.get("precision"),
+                init_s=info.get("init_s"),
+                decode_threads=info.get("decode_threads"),
+                busy_s=busy,
+                alive_s=alive,
+                busy_fraction=(busy / alive) if alive else None,
+                compile_s=compile_s,
+                steady_busy_fraction=(max(0.0, busy - compile_s) / alive) if alive else None,
+                idle_gaps=IdleGaps(
+                    count=len(gaps),
+                    mean_s=sum(gaps) / len(gaps) if gaps else None,
+                    max_s=gaps[-1] if gaps else None,
+                    median_s=gaps[len(gaps) // 2] if gaps else None,
+                ),
+                worker_reported=self.worker_stats.get(worker),
+                retired=retired_because,
+            )
         )
 
     def _finish(self) -> None:
@@ -659,15 +667,16 @@ class Master:
                     else "the run ended before its re-queued attempt could start; its completed epochs are counted"
                 )
                 self.ledger.append(
-                    RecordType.TRIAL_END,
-                    t=now,
-                    trial=state.trial_id,
-                    status=TrialStatus.STOPPED,
-                    reason=reason,
-                    attempt=state.attempt,
-                    epochs=state.epochs_done,
-                    best_val_acc=state.best,
-                    worker=state.worker,
+                    TrialEndRecord(
+                        t=now,
+                        trial=state.trial_id,
+                        status=TrialStatus.STOPPED,
+                        reason=reason,
+                        attempt=state.attempt,
+                        epochs=state.epochs_done,
+                        best_val_acc=state.best,
+                        worker=state.worker,
+                    )
                 )
             self.proposer.forget(state.trial_id)
         self.active.clear()
@@ -677,6 +686,16 @@ class Master:
             self.worker_stats[worker] = stats
         for worker in self.worker_ready_t:
             self._record_worker(worker, retired_because="run ended")
+
+
+def epoch_record(report: EpochReport, **measured_here: Any) -> EpochRecord:
+    """The worker's epoch report as its ledger record: each field the record declares, copied by name.
+
+    ``measured_here`` adds what the master knows (trial, operations, time); a field the report
+    and the record share reaches the ledger without being named again here.
+    """
+    shared = {f.name: getattr(report, f.name) for f in fields(report) if f.name in EpochRecord.model_fields}
+    return EpochRecord(**shared, **measured_here)
 
 
 _Message = TypeVar("_Message", EpochReport, TrialDone, BadImagesReport)

@@ -26,12 +26,30 @@ from aiperf.engine.output import Output, output
 from aiperf.engine.weights import WeightStore
 from aiperf.errors import AiperfError, excerpt, os_error
 from aiperf.record.files import remove_temporaries
-from aiperf.record.ledger import LEDGER_NAME, LedgerWriter, read_ledger
-from aiperf.record.schema import RecordType, RunStatus, TrialStatus
+from aiperf.record.ledger import LEDGER_NAME, LedgerWriter, read_raw_ledger
+from aiperf.record.schema import (
+    BadImagesRecord,
+    ConfigHeader,
+    DatasetHeader,
+    EpochRecord,
+    PlanHeader,
+    Record,
+    RecordType,
+    ResumeRecord,
+    RulesHeader,
+    RunStartRecord,
+    RunStatus,
+    RunStopRecord,
+    TrialEndRecord,
+    TrialStartRecord,
+    TrialStatus,
+    of_type,
+    parse_records,
+)
 from nas.errors import NasError
 from nas.graph import Graph
 from nas.morph import Morph
-from nas.proposer import Proposer, TrialProposal
+from nas.proposer import Proposer, TrialKind, TrialProposal
 from nas.serialize import graph_from_dict
 
 if TYPE_CHECKING:
@@ -146,15 +164,17 @@ def make_search(cfg: Config, seed_graph: Graph, plan_batch: int) -> Proposer:
     return make_proposer(_search_settings(cfg, plan_batch), seed_graph, limits)
 
 
-def _proposal_from_record(rec: dict[str, Any]) -> TrialProposal:
+def _proposal_from_record(rec: TrialStartRecord) -> TrialProposal:
+    if rec.graph is None:
+        raise AiperfError("its architecture (graph) is not recorded")
     return TrialProposal(
-        graph=graph_from_dict(rec["graph"]),
-        kind=rec["kind"],
-        hparams=dict(rec["hparams"]),
-        parent=rec.get("parent"),
-        inherit=rec.get("inherit"),
-        morphs=tuple(Morph.from_dict(m) for m in rec.get("morphs", [])),
-        info=rec.get("info") or {},
+        graph=graph_from_dict(rec.graph),
+        kind=TrialKind(rec.kind),
+        hparams=rec.hparams.model_dump(exclude_unset=True),
+        parent=rec.parent,
+        inherit=rec.inherit,
+        morphs=tuple(Morph.from_dict(m) for m in rec.morphs),
+        info=rec.info,
     )
 
 
@@ -215,26 +235,22 @@ def create_run_dir(results_dir: Path, name: str, attempts: int = 50) -> tuple[st
     raise AiperfError(f"{results_dir}: no free run id after {attempts} tries")
 
 
-def read_resumable(run_dir: Path) -> list[dict[str, Any]]:
+def read_resumable(run_dir: Path) -> list[Record]:
     """The ledger of a run that can be continued, checked record by record (the caller holds the run lock).
 
     A torn tail is cut off; a malformed record, a run that already completed or a header
     whose config no longer validates is refused, before anything is appended.
     """
-    from aiperf.record.schema import check_shapes
-
-    records = read_ledger(run_dir, repair=True)
-    if not records or records[0].get("type") != RecordType.RUN_START:
+    raw = read_raw_ledger(run_dir, repair=True)
+    if not raw or raw[0].get("type") != RecordType.RUN_START:
         raise AiperfError(f"{run_dir}: not a run directory (its ledger has no run_start record)")
-    check_shapes(records, run_dir / LEDGER_NAME)
-    stops = [r for r in records if r["type"] in (RecordType.RUN_STOP, RecordType.RESUME)]
-    if stops and stops[-1]["type"] == RecordType.RUN_STOP and stops[-1]["status"] == RunStatus.COMPLETED:
-        raise AiperfError(
-            f"{run_dir}: this run already completed ({excerpt(stops[-1].get('reason'), 80)}); nothing to resume"
-        )
-    if not isinstance(records[0].get("config"), dict):
+    if not isinstance(raw[0].get("config"), dict):
         raise AiperfError(f"{run_dir}: its run_start record has no config to continue with")
-    config_from_dict(records[0]["config"])
+    records = parse_records(raw, run_dir / LEDGER_NAME)
+    stops = [r for r in records if isinstance(r, (RunStopRecord, ResumeRecord))]
+    if stops and isinstance(stops[-1], RunStopRecord) and stops[-1].status is RunStatus.COMPLETED:
+        raise AiperfError(f"{run_dir}: this run already completed ({excerpt(stops[-1].reason, 80)}); nothing to resume")
+    config_from_dict(raw[0]["config"])
     return records
 
 
@@ -282,7 +298,8 @@ def run_benchmark(
         previous = read_resumable(run_dir)
         for folder in (run_dir, run_dir / WEIGHTS_DIR):
             remove_temporaries(folder)
-        return _run(config_from_dict(previous[0]["config"]), address, out, warn, run_dir, previous, locks)
+        config = run_start(previous).config.model_dump(exclude_unset=True)
+        return _run(config_from_dict(config), address, out, warn, run_dir, previous, locks)
     finally:
         for lock in locks:
             lock.release()
@@ -298,7 +315,7 @@ def _run(
     out: Output,
     warn: Callable[[str], None],
     run_dir: Path | None,
-    previous: list[dict[str, Any]],
+    previous: list[Record],
     locks: list[RunLock],
 ) -> tuple[Path, dict[str, Any]]:
     """The run itself; a new run's directory is created and locked here (its lock appended to ``locks``)."""
@@ -315,7 +332,7 @@ def _run(
 
     check_backend_installed(cfg.model.backend)
     dataset = load_dataset(cfg.dataset)
-    if previous and dataset.fingerprint() != (previous[0].get("dataset") or {}).get("fingerprint"):
+    if previous and dataset.fingerprint() != run_start(previous).dataset.fingerprint:
         raise AiperfError(f"{run_dir}: the dataset on this machine differs from the one the run started with")
     seed_graph = seed_architecture(cfg, dataset)
     print(
@@ -343,7 +360,7 @@ def _run(
             )
         proposer = make_search(cfg, seed_graph, plan.batch_size)
         if previous:
-            run_id = previous[0]["run_id"]
+            run_id = run_start(previous).run_id
             assert run_dir is not None
         else:
             run_id, run_dir = create_run_dir(Path(cfg.run.results_dir), cfg.run.name)
@@ -354,40 +371,43 @@ def _run(
         first_trial = 0
         unfinished: list[str] = []
         if previous:
-            gap = max(0.0, time.time() - previous[-1]["wall"])
-            offset = previous[-1]["t"] + gap
+            gap = max(0.0, time.time() - previous[-1].wall)
+            offset = previous[-1].t + gap
             first_trial, unfinished = _restore(previous, proposer, weights)
         ledger = LedgerWriter(run_dir, clock_offset=offset)
         ledger.on_warning = warn
         if previous:
             ledger.append(
-                RecordType.RESUME,
-                gap_s=offset - previous[-1]["t"],
-                from_seq=previous[-1]["seq"],
-                plan=plan.to_dict(),
-                system=_system(nodes),
+                ResumeRecord(
+                    gap_s=offset - previous[-1].t,
+                    from_seq=previous[-1].seq,
+                    plan=plan.to_dict(),
+                    system=_system(nodes),
+                )
             )
             for trial in unfinished:  # their in-memory checkpoints died with the old master
                 ledger.append(
-                    RecordType.TRIAL_END,
-                    trial=trial,
-                    status=TrialStatus.LOST,
-                    reason="the master stopped while it ran",
-                    epochs=None,
-                    best_val_acc=None,
+                    TrialEndRecord(
+                        trial=trial,
+                        status=TrialStatus.LOST,
+                        reason="the master stopped while it ran",
+                        epochs=None,
+                        best_val_acc=None,
+                    )
                 )
                 proposer.forget(trial)
         else:
             ledger.append(
-                RecordType.RUN_START,
-                run_id=run_id,
-                config=cfg.to_dict(),
-                versions=software_versions(cfg.model.backend),
-                system=_system(nodes),
-                plan=plan.to_dict(),
-                dataset={**dataset.describe(), "fingerprint": dataset.fingerprint()},
-                rules=cfg.rules.model_dump(),
-                seed_architecture=seed_graph.to_dict(),
+                RunStartRecord(
+                    run_id=run_id,
+                    config=ConfigHeader(**cfg.to_dict()),
+                    versions=software_versions(cfg.model.backend),
+                    system=_system(nodes),
+                    plan=PlanHeader(**plan.to_dict()),
+                    dataset=DatasetHeader(**dataset.describe(), fingerprint=dataset.fingerprint()),
+                    rules=RulesHeader(**cfg.rules.model_dump()),
+                    seed_architecture=seed_graph.to_dict(),
+                )
             )
         _attach_observers(run_dir, ledger)
         print(
@@ -405,9 +425,9 @@ def _run(
             weights,
             progress,
             first_trial=first_trial,
-            epochs_before=sum(1 for r in previous if r["type"] == RecordType.EPOCH),
+            epochs_before=len(of_type(previous, EpochRecord)),
         )
-        master.bad_images.update(f for r in previous if r["type"] == RecordType.BAD_IMAGES for f in r.get("files", []))
+        master.bad_images.update(f for r in of_type(previous, BadImagesRecord) for f in r.files)
         telemetry = TelemetryRecorder(run_dir, cfg.run.telemetry_interval_s)
         telemetry.on_warning = warn
         with _Signals() as signals:
@@ -419,13 +439,13 @@ def _run(
                 if ledger.broken is None:
                     with contextlib.suppress(AiperfError):
                         ledger.append(
-                            RecordType.RUN_STOP, status=RunStatus.FAILED, reason=f"{type(exc).__name__}: {exc}"[:500]
+                            RunStopRecord(status=RunStatus.FAILED, reason=f"{type(exc).__name__}: {exc}"[:500])
                         )
                 raise
             finally:
                 telemetry.stop()
         progress.close()
-        ledger.append(RecordType.RUN_STOP, status=outcome.status, reason=outcome.reason)
+        ledger.append(RunStopRecord(status=outcome.status, reason=outcome.reason))
         ledger.close()
     finally:
         session.shutdown()
@@ -454,23 +474,23 @@ def _reason(exc: BaseException) -> str:
     return exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
 
 
-def _restore(records: list[dict[str, Any]], proposer: Proposer, weights: WeightStore) -> tuple[int, list[str]]:
+def _restore(records: list[Record], proposer: Proposer, weights: WeightStore) -> tuple[int, list[str]]:
     """Replay a ledger into a fresh proposer; returns the next trial number and the unfinished trials.
 
-    The records have passed :func:`~aiperf.record.schema.check_shapes`; what can still be
+    The records have passed their models' checks; what can still be
     wrong (an architecture that does not parse, a trial restored twice) is reported as one
     line naming the record.
     """
-    starts: dict[str, dict[str, Any]] = {}
+    starts: dict[str, TrialStartRecord] = {}
     best: dict[str, float] = {}
-    final: dict[str, str] = {}
+    final: dict[str, TrialStatus] = {}
     for r in records:
-        if r["type"] == RecordType.TRIAL_START:
-            starts.setdefault(r["trial"], r)
-        elif r["type"] == RecordType.EPOCH:
-            best[r["trial"]] = max(best.get(r["trial"], 0.0), r["val_acc"])
-        elif r["type"] == RecordType.TRIAL_END:
-            final[r["trial"]] = r["status"]
+        if isinstance(r, TrialStartRecord):
+            starts.setdefault(r.trial, r)
+        elif isinstance(r, EpochRecord):
+            best[r.trial] = max(best.get(r.trial, 0.0), r.val_acc)
+        elif isinstance(r, TrialEndRecord):
+            final[r.trial] = r.status
     for trial, rec in starts.items():
         done = final.get(trial) == TrialStatus.COMPLETED
         try:
@@ -480,13 +500,20 @@ def _restore(records: list[dict[str, Any]], proposer: Proposer, weights: WeightS
         except (NasError, AiperfError, KeyError, TypeError, ValueError) as exc:
             detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
             raise AiperfError(
-                f"cannot resume: the ledger's seq {rec['seq']} (trial_start {excerpt(trial)}) "
-                f"cannot be replayed: {detail}"
+                f"cannot resume: the ledger's seq {rec.seq} (trial_start {excerpt(trial)}) cannot be replayed: {detail}"
             ) from None
     weights.reload({t: best.get(t, 0.0) for t, s in final.items() if s == TrialStatus.COMPLETED})
     numbers = [int(t[1:]) for t in starts if t[1:].isdigit() and len(t) < 12]
     unfinished = [t for t in starts if t not in final]
     return max(numbers, default=-1) + 1, unfinished
+
+
+def run_start(records: list[Record]) -> RunStartRecord:
+    """A checked ledger's first record (``parse_records`` refuses a ledger that begins otherwise)."""
+    first = records[0]
+    if not isinstance(first, RunStartRecord):
+        raise AiperfError("the ledger does not begin with a run_start record")
+    return first
 
 
 def _attach_observers(run_dir: Path, ledger: LedgerWriter) -> None:

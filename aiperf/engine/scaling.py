@@ -81,7 +81,7 @@ def simulate_run(
     from aiperf.engine.weights import WeightStore
     from aiperf.record.ledger import LedgerWriter
     from aiperf.record.mllog import attach as attach_mllog
-    from aiperf.record.schema import RecordType
+    from aiperf.record.schema import ConfigHeader, DatasetHeader, PlanHeader, RulesHeader, RunStartRecord, RunStopRecord
     from aiperf.record.summary import write_summary
 
     sim = sim or SimulationSettings()
@@ -102,28 +102,29 @@ def simulate_run(
     proposer = make_search(cfg, seed_graph, batch)
     with LedgerWriter(run_dir) as ledger:
         ledger.append(
-            RecordType.RUN_START,
-            t=0.0,
-            run_id=Path(run_dir).name,
-            config=cfg.to_dict(),
-            versions=software_versions("simulated"),
-            system={
-                "simulated": True,
-                "nodes": nodes,
-                "workers_per_node": sim.workers_per_node,
-                "device_ops_per_s": sim.device_ops_per_s,
-                "startup_s": sim.startup_s,
-            },
-            plan=pool.plan.to_dict(),
-            dataset=dataset,
-            rules=cfg.rules.model_dump(),
-            seed_architecture=seed_graph.to_dict(),
+            RunStartRecord(
+                t=0.0,
+                run_id=Path(run_dir).name,
+                config=ConfigHeader(**cfg.to_dict()),
+                versions=software_versions("simulated"),
+                system={
+                    "simulated": True,
+                    "nodes": nodes,
+                    "workers_per_node": sim.workers_per_node,
+                    "device_ops_per_s": sim.device_ops_per_s,
+                    "startup_s": sim.startup_s,
+                },
+                plan=PlanHeader(**pool.plan.to_dict()),
+                dataset=DatasetHeader(**dataset),
+                rules=RulesHeader(**cfg.rules.model_dump()),
+                seed_architecture=seed_graph.to_dict(),
+            )
         )
         attach_mllog(run_dir, ledger)
         settings = MasterSettings.from_config(cfg)
         master = Master(settings, proposer, pool, ledger, WeightStore(cfg.cluster.keep_weights), clock=clock)
         outcome = master.run()
-        ledger.append(RecordType.RUN_STOP, t=clock(), status=outcome.status, reason=outcome.reason)
+        ledger.append(RunStopRecord(t=clock(), status=outcome.status, reason=outcome.reason))
     return write_summary(run_dir)
 
 

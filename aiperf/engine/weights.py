@@ -15,8 +15,11 @@ goes on, and the problem is reported once per cause through ``on_warning``.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import io
+import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,14 +51,25 @@ def weights_bytes(weights: Weights) -> bytes:
 
 
 def file_sha256(path: str | Path) -> tuple[str, int]:
-    """SHA-256 hex and size of a file's bytes (read in chunks: weight files can be large)."""
-    digest = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            digest.update(chunk)
-            size += len(chunk)
-    return digest.hexdigest(), size
+    """SHA-256 hex and size of a regular file's bytes (read in chunks: weight files can be large).
+
+    ``aiperf audit`` hashes the files of a run directory that may come from someone else: a
+    FIFO or a device where a weights file belongs raises ``OSError`` (``EINVAL``, "not a
+    regular file") instead of blocking or reading for ever. Opened non-blocking, which a
+    regular file ignores.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        digest, size = hashlib.sha256(), 0
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            while chunk := fh.read(1 << 20):
+                digest.update(chunk)
+                size += len(chunk)
+        return digest.hexdigest(), size
+    finally:
+        os.close(fd)
 
 
 def save_weights(weights: Weights, path: Path) -> tuple[str, int]:

@@ -15,11 +15,15 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiperf.errors import AiperfError
 from aiperf.metrics.score import Score, compute_score
-from aiperf.metrics.workloads import NOT_COMPARABLE, OFFICIAL_WORKLOAD, identify, mapping
+from aiperf.metrics.workloads import NOT_COMPARABLE, OFFICIAL_WORKLOAD, identify
+from aiperf.record.schema import EpochRecord, Record, RecordType, RunStartRecord, RunStopRecord, of_type
+
+if TYPE_CHECKING:
+    from aiperf.config import RulesConfig
 
 # Keras dtype policies and the width of the floating-point format they train in.
 FLOAT_POLICY_BITS = {
@@ -102,23 +106,25 @@ def _number(value: float) -> str:
     return f"{value:.6f}".rstrip("0").rstrip(".")
 
 
-def _thresholds(records: list[dict[str, Any]]) -> tuple[Any, dict[str, Any]]:
+def _header(records: list[Record]) -> RunStartRecord:
+    start = next(iter(of_type(records, RunStartRecord)), None)
+    if start is None:
+        raise AiperfError("the ledger has no run_start record, so the rules it ran under are unknown")
+    return start
+
+
+def _thresholds(start: RunStartRecord) -> RulesConfig:
     from pydantic import ValidationError
 
     from aiperf.config import RulesConfig
 
-    start = next((r for r in records if r.get("type") == "run_start"), None)
-    if start is None:
-        raise AiperfError("the ledger has no run_start record, so the rules it ran under are unknown")
-    given = start.get("rules") or {}
-    if not isinstance(given, dict):
-        raise AiperfError("run_start.rules must be a mapping of thresholds")
+    # The thresholds the header states; those it leaves out take the config's defaults.
+    given = start.rules.model_dump(exclude_unset=True, include=set(RulesConfig.model_fields))
     try:
-        rules = RulesConfig(**{k: v for k, v in given.items() if k in RulesConfig.model_fields})
+        return RulesConfig(**given)
     except ValidationError as exc:
         err = exc.errors()[0]
         raise AiperfError(f"run_start.rules.{err['loc'][0]}: {err['msg']}") from None
-    return rules, mapping(start.get("dataset"))
 
 
 def _compare(measured: str, passed: bool, required: str) -> str:
@@ -134,9 +140,10 @@ def _accuracy_rule(score: Score, minimum: float) -> RuleResult:
     return RuleResult("accuracy", passed, measured, _number(minimum), text)
 
 
-def _precision_rule(epochs: list[dict[str, Any]], min_bits: int) -> RuleResult:
+def _precision_rule(epochs: list[EpochRecord], min_bits: int) -> RuleResult:
     required = f"{min_bits}-bit float"
-    policies = [p if isinstance(p := r.get("precision"), str) else "unrecorded" for r in epochs]
+    # precision is required by the record's shape; a record built without validation may still lack one.
+    policies = [r.precision if isinstance(r.precision, str) else "unrecorded" for r in epochs]
     if not policies:
         return RuleResult("precision", False, "none", required, f"no training precision recorded ({required} required)")
     weakest = min(policies, key=lambda p: FLOAT_POLICY_BITS.get(p, 0))
@@ -148,9 +155,9 @@ def _precision_rule(epochs: list[dict[str, Any]], min_bits: int) -> RuleResult:
     )
 
 
-def _held_out_rule(dataset: dict[str, Any]) -> RuleResult:
-    split = mapping(dataset.get("split"))
-    disjoint = split.get("disjoint")
+def _held_out_rule(start: RunStartRecord) -> RuleResult:
+    split = start.dataset.split
+    disjoint = split.disjoint if split is not None else None
     measured = "disjoint" if disjoint is True else "overlapping" if disjoint is False else "not recorded"
     text = (
         "evaluation split disjoint from training, as required"
@@ -167,9 +174,9 @@ def _epochs_rule(score: Score) -> RuleResult:
     )
 
 
-def _real_training_rule(plan: dict[str, Any]) -> RuleResult:
+def _real_training_rule(start: RunStartRecord) -> RuleResult:
     # A simulated pool (tests, scaling studies) produces well-formed ledgers that trained nothing.
-    backend = plan.get("backend") if isinstance(plan, dict) else None
+    backend = start.plan.backend
     measured = str(backend or "not recorded")
     passed = backend not in (None, "simulated")
     text = (
@@ -180,23 +187,23 @@ def _real_training_rule(plan: dict[str, Any]) -> RuleResult:
     return RuleResult("real training", passed, measured, "a Keras backend", text)
 
 
-def _recorded_end_rule(records: list[dict[str, Any]]) -> RuleResult:
+def _recorded_end_rule(records: list[Record]) -> RuleResult:
     # A ledger cut after its best prefix (``head -n 78``) has an intact chain; it has no run_stop.
-    last = records[-1] if records else {}
-    if last.get("type") == "run_stop":
-        status = last.get("status")
+    last = records[-1] if records else None
+    if isinstance(last, RunStopRecord):
+        status = last.status.value
         return RuleResult(
             RECORDED_END_RULE,
             True,
             f"run_stop ({status})",
-            "run_stop",
+            RecordType.RUN_STOP.value,
             f"the run recorded its end (run_stop, {status})",
         )
     return RuleResult(
         RECORDED_END_RULE,
         False,
         "no run_stop",
-        "run_stop",
+        RecordType.RUN_STOP.value,
         "the ledger does not end with run_stop: the run was interrupted and not resumed, or the ledger was cut short",
     )
 
@@ -208,23 +215,23 @@ def _duration_rule(score: Score, minimum_s: float) -> RuleResult:
     return RuleResult(DURATION_RULE, passed, measured, required, _compare(f"run {measured}", passed, required))
 
 
-def evaluate_rules(records: Iterable[dict[str, Any]], score: Score | None = None) -> Verdict:
-    """Judge a ledger (record dicts in file order); ``score`` saves recomputing it when known."""
+def evaluate_rules(records: Iterable[Record], score: Score | None = None) -> Verdict:
+    """Judge a ledger (its records in file order); ``score`` saves recomputing it when known."""
     records = list(records)
-    rules, dataset = _thresholds(records)
+    start = _header(records)
+    rules = _thresholds(start)
     if score is None:
         score = compute_score(records)
-    epochs = [r for r in records if r.get("type") == "epoch"]
     results = (
         _accuracy_rule(score, rules.min_accuracy),
-        _precision_rule(epochs, rules.min_precision_bits),
-        _held_out_rule(dataset),
+        _precision_rule(of_type(records, EpochRecord), rules.min_precision_bits),
+        _held_out_rule(start),
         _epochs_rule(score),
-        _real_training_rule(records[0].get("plan") or {}),
+        _real_training_rule(start),
         _recorded_end_rule(records),
         _duration_rule(score, rules.official_min_duration_s),
     )
-    workload = identify(next(r for r in records if r.get("type") == "run_start"))
+    workload = identify(start)
     valid = all(r.passed for r in results if r.name != DURATION_RULE)
     official = valid and workload.official_workload and all(r.passed for r in results)
     return Verdict(valid, official, results, workload.workload, workload.reasons)

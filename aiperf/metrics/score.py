@@ -14,7 +14,9 @@ import bisect
 import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypedDict
+
+from aiperf.record.schema import EpochRecord, Record, TrialEndRecord, TrialStartRecord, TrialStatus, of_type
 
 MAX_ACCURACY = 1.0 - 1e-9  # keeps the quality factor finite for a perfect score
 TIMELINE_POINTS = 100
@@ -43,6 +45,16 @@ class Score:
         return asdict(self)
 
 
+class TimelinePoint(TypedDict):
+    """The score had the run stopped at master time ``t`` (:func:`score_timeline`)."""
+
+    t: float
+    total_ops: float
+    ops_per_s: float
+    best_val_acc: float | None
+    regulated: float
+
+
 def quality_factor(accuracy: float | None) -> float:
     """``|ln(1 - accuracy)|`` with the accuracy clamped to [0, 1 - 1e-9]; 0 without an accuracy."""
     if accuracy is None:
@@ -54,27 +66,28 @@ def _rate(ops: float, wall_s: float) -> float:
     return ops / wall_s if wall_s > 0 else 0.0
 
 
-def _number(record: dict[str, Any], key: str) -> float:
-    value = record.get(key)
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
+def _number(value: float | None) -> float:
+    """An optional count of an epoch record as a float; an absent one counts nothing."""
+    return 0.0 if value is None else float(value)
 
 
-def compute_score(records: Iterable[dict[str, Any]]) -> Score:
-    """The score of a ledger (a list of record dicts in file order)."""
+def compute_score(records: Iterable[Record]) -> Score:
+    """The score of a ledger (its records in file order)."""
     records = list(records)
-    epochs = [r for r in records if r.get("type") == "epoch"]
-    total = sum(_number(r, "ops") for r in epochs)
-    aiperf = sum(_number(r, "aiperf_ops") for r in epochs)
-    wall = max((_number(r, "t") for r in epochs), default=0.0)
-    accuracies = [float(r["val_acc"]) for r in epochs if isinstance(r.get("val_acc"), (int, float))]
+    epochs = of_type(records, EpochRecord)
+    total = sum(_number(r.ops) for r in epochs)
+    aiperf = sum(_number(r.aiperf_ops) for r in epochs)
+    wall = max((float(r.t) for r in epochs), default=0.0)
+    # val_acc is required by the record's shape; a record built without validation may still lack one.
+    accuracies = [float(r.val_acc) for r in epochs if r.val_acc is not None]
     best = max(accuracies) if accuracies else None
     quality = quality_factor(best)
-    started = {r.get("trial") for r in records if r.get("type") == "trial_start"}
-    completed = {r.get("trial") for r in records if r.get("type") == "trial_end" and r.get("status") == "completed"}
+    started = {r.trial for r in of_type(records, TrialStartRecord)}
+    completed = {r.trial for r in of_type(records, TrialEndRecord) if r.status == TrialStatus.COMPLETED}
     return Score(
         total_ops=total,
-        train_ops=sum(_number(r, "train_ops") for r in epochs),
-        eval_ops=sum(_number(r, "eval_ops") for r in epochs),
+        train_ops=sum(_number(r.train_ops) for r in epochs),
+        eval_ops=sum(_number(r.eval_ops) for r in epochs),
         aiperf_ops=aiperf,
         wall_s=wall,
         ops_per_s=_rate(total, wall),
@@ -88,33 +101,33 @@ def compute_score(records: Iterable[dict[str, Any]]) -> Score:
     )
 
 
-def score_timeline(records: Iterable[dict[str, Any]], interval_s: float | None = None) -> list[dict[str, Any]]:
+def score_timeline(records: Iterable[Record], interval_s: float | None = None) -> list[TimelinePoint]:
     """The score as it would have been had the run stopped at regular times (default ~100 points).
 
     Each point ``t`` counts the epochs completed by ``t`` and divides by the master clock
     at the last of them, exactly as :func:`compute_score` does for a ledger cut at ``t``.
     """
     records = list(records)
-    times = [_number(r, "t") for r in records if "t" in r]
-    end = max(times, default=0.0)
+    end = max((float(r.t) for r in records), default=0.0)
     if end <= 0:
         return []
     if interval_s is None:
         interval_s = end / TIMELINE_POINTS
     if not interval_s > 0:
         raise ValueError(f"interval_s must be positive, got {interval_s}")
-    epochs = sorted((r for r in records if r.get("type") == "epoch"), key=lambda r: _number(r, "t"))
-    epoch_t = [_number(r, "t") for r in epochs]
-    cumulative, best_so_far = [], []
+    epochs = sorted(of_type(records, EpochRecord), key=lambda r: float(r.t))
+    epoch_t = [float(r.t) for r in epochs]
+    cumulative: list[float] = []
+    best_so_far: list[float | None] = []
     ops, best = 0.0, None
     for r in epochs:
-        ops += _number(r, "ops")
-        if isinstance(r.get("val_acc"), (int, float)):
-            best = float(r["val_acc"]) if best is None else max(best, float(r["val_acc"]))
+        ops += _number(r.ops)
+        if r.val_acc is not None:
+            best = float(r.val_acc) if best is None else max(best, float(r.val_acc))
         cumulative.append(ops)
         best_so_far.append(best)
     count = math.ceil(end / interval_s - 1e-9)
-    points = []
+    points: list[TimelinePoint] = []
     for k in range(1, count + 1):
         t = min(k * interval_s, end)
         done = bisect.bisect_right(epoch_t, t)

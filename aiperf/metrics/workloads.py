@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from aiperf.record.schema import RunStartRecord
+
 OFFICIAL_WORKLOAD = "imagenet"
 NOT_COMPARABLE = "custom rules: not comparable"
 
@@ -34,7 +36,7 @@ class Workload:
     min_precision_bits: int = 16
 
     @property
-    def rules(self) -> dict[str, Any]:
+    def rules(self) -> dict[str, float]:
         return {
             "min_accuracy": self.min_accuracy,
             "official_min_duration_s": self.official_min_duration_s,
@@ -75,44 +77,39 @@ class Comparability:
         return self.comparable and self.workload == OFFICIAL_WORKLOAD
 
 
-def _number(value: Any) -> str:
+def _number(value: object) -> str:
     if isinstance(value, float):
         return f"{value:.6f}".rstrip("0").rstrip(".")
     return str(value)
 
 
-def mapping(value: Any) -> dict[str, Any]:
-    """``value`` if it is a mapping, else an empty one (a ledger field read defensively)."""
+def mapping(value: object) -> dict[str, Any]:
+    """``value`` if it is a mapping, else an empty one (a JSON field read defensively)."""
     return value if isinstance(value, dict) else {}
 
 
-def identify(start: dict[str, Any]) -> Comparability:
+def identify(start: RunStartRecord) -> Comparability:
     """Match a ``run_start`` record against the built-in workloads; say what differs."""
-    config = mapping(start.get("config"))
-    run = mapping(config.get("run"))
-    dataset = mapping(start.get("dataset"))
-    ds_config = mapping(config.get("dataset"))
-    ds_name = ds_config.get("name", dataset.get("name"))
+    run_name, dataset = start.config.run.name, start.dataset
+    ds_name = start.config.dataset.name if start.config.dataset.name is not None else dataset.name
     workload = next(
-        (w for w in WORKLOADS.values() if w.run_name == run.get("name") and ds_name in w.datasets),
+        (w for w in WORKLOADS.values() if w.run_name == run_name and ds_name in w.datasets),
         None,
     )
     if workload is None:
-        return Comparability(
-            None, (f"config {_number(run.get('name'))!s} on dataset {ds_name} is not a built-in workload",)
-        )
+        return Comparability(None, (f"config {_number(run_name)!s} on dataset {ds_name} is not a built-in workload",))
     reasons: list[str] = []
-    given = mapping(start.get("rules"))
+    given = start.rules.model_dump()  # every threshold the header declares, None where it has none
     for key, value in workload.rules.items():
-        if key not in given or given[key] is None or float(given[key]) != float(value):
+        if given.get(key) is None or float(given[key]) != float(value):
             reasons.append(f"rules.{key} {_number(given.get(key))} instead of {_number(value)}")
-    train, evaluation = dataset.get("train_images"), dataset.get("eval_images")
-    at_load = mapping(dataset.get("bad_images"))
-    if isinstance(train, int) and isinstance(evaluation, int):
-        total = train + evaluation + int(at_load.get("count") or 0)
+    train, evaluation = dataset.train_images, dataset.eval_images
+    skipped = dataset.bad_images.count if dataset.bad_images is not None else 0
+    if train is not None and evaluation is not None:
+        total = train + evaluation + skipped
         if total != workload.total_images:
             reasons.append(f"dataset of {total:,} images instead of {workload.total_images:,}")
-        elif workload.split is not None and not at_load.get("count") and (train, evaluation) != workload.split:
+        elif workload.split is not None and not skipped and (train, evaluation) != workload.split:
             reasons.append(
                 f"dataset split {train:,}/{evaluation:,} instead of {workload.split[0]:,}/{workload.split[1]:,}"
             )

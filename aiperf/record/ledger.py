@@ -25,7 +25,6 @@ import contextlib
 import errno
 import hashlib
 import json
-import math
 import os
 import re
 import time
@@ -36,6 +35,7 @@ from typing import Any
 
 from aiperf.errors import AiperfError, os_error
 from aiperf.record.files import read_regular
+from aiperf.record.schema import HEADER, Record, RecordT, parse_records
 
 LEDGER_NAME = "ledger.jsonl"
 MAX_RECORD_DEPTH = 32  # real records nest at most 6 levels (a trial's graph); JSON libraries recurse
@@ -55,19 +55,6 @@ def record_hash(record: dict[str, Any]) -> str:
     return hashlib.sha256(canonical(body)).hexdigest()
 
 
-def _clean(value: Any) -> Any:
-    """Make a value JSON-safe: NaN/inf become None, tuples lists, NumPy scalars Python numbers."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    if hasattr(value, "item") and callable(value.item):  # NumPy scalar
-        return _clean(value.item())
-    return value
-
-
 class LedgerWriter:
     """Appends records to a run's ledger; reopening an existing ledger continues its chain."""
 
@@ -78,7 +65,7 @@ class LedgerWriter:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if self.path.exists():
-                records = read_ledger(self.path, repair=True)
+                records = read_raw_ledger(self.path, repair=True)
                 if records:
                     self._seq = records[-1]["seq"] + 1
                     self._prev = records[-1]["hash"]
@@ -88,13 +75,13 @@ class LedgerWriter:
         except OSError as exc:
             raise os_error(exc, self.path, "open the ledger") from None
         self._t0 = time.monotonic() - clock_offset
-        self._subscribers: list[Callable[[dict[str, Any]], None]] = []
+        self._subscribers: list[Callable[[Record], None]] = []
         self._batch_depth = 0
-        self._unsynced: list[dict[str, Any]] = []  # written and flushed, not yet fsync'ed
+        self._unsynced: list[Record] = []  # written and flushed, not yet fsync'ed
         self.broken: LedgerWriteError | None = None
         self.on_warning: Callable[[str], None] = lambda message: None
 
-    def subscribe(self, callback: Callable[[dict[str, Any]], None]) -> None:
+    def subscribe(self, callback: Callable[[Record], None]) -> None:
         """Call ``callback(record)`` after each record is durably written (e.g. the MLPerf-style log)."""
         self._subscribers.append(callback)
 
@@ -126,7 +113,7 @@ class LedgerWriter:
             for callback in list(self._subscribers):
                 self._notify(callback, record)
 
-    def _notify(self, callback: Callable[[dict[str, Any]], None], record: dict[str, Any]) -> None:
+    def _notify(self, callback: Callable[[Record], None], record: Record) -> None:
         """A subscriber writes a view derived from the ledger: if it cannot write, it stops, not the run."""
         try:
             callback(record)
@@ -152,26 +139,28 @@ class LedgerWriter:
         """Seconds since run start on this master's clock (including any resume offset)."""
         return time.monotonic() - self._t0
 
-    def append(self, rtype: str, **fields: Any) -> dict[str, Any]:
+    def append(self, record: RecordT) -> RecordT:
+        """Write ``record`` with its header filled in; returns it as a reader will read it back.
+
+        Exactly the fields the writer set are written (``None`` included), so a record's
+        bytes and hash depend on what its writer said, not on the model's defaults.
+        """
         if self.broken is not None:
             raise self.broken
-        record = {
-            "seq": self._seq,
-            "type": rtype,
-            "t": round(fields.pop("t", self.elapsed()), 6),
-            "wall": round(time.time(), 6),
-            **_clean(fields),
-            "prev": self._prev,
-        }
-        record["hash"] = record_hash(record)
-        line = canonical(record) + b"\n"
+        fields = record.model_dump(exclude_unset=True, exclude=set(HEADER))
+        t = record.t if "t" in record.model_fields_set else self.elapsed()
+        header = {"seq": self._seq, "type": record.type, "t": round(t, 6), "wall": round(time.time(), 6)}
+        raw = {**header, **fields, "prev": self._prev}
+        raw["hash"] = record_hash(raw)
+        line = canonical(raw) + b"\n"
         self._write_line(line)
         self._seq += 1
-        self._prev = record["hash"]
-        self._unsynced.append(record)
+        self._prev = raw["hash"]
+        written = record.model_copy(update={**header, "prev": raw["prev"], "hash": raw["hash"]})
+        self._unsynced.append(written)
         if self._batch_depth == 0:
             self.sync()
-        return record
+        return written
 
     def _write_line(self, line: bytes) -> None:
         """Write one whole line, or nothing: a partial write is cut off again before the error is raised."""
@@ -295,16 +284,12 @@ def read_ledger_contents(path: str | Path) -> LedgerContents:
     return LedgerContents(records, end, len(data), 0)
 
 
-def iter_ledger(path: str | Path) -> Iterator[dict[str, Any]]:
-    """Records in file order; a torn (unterminated or unparsable) final line is skipped."""
-    yield from read_ledger_contents(path).records
+def read_raw_ledger(path: str | Path, repair: bool = False) -> list[dict[str, Any]]:
+    """All complete records as JSON objects (``verify`` checks their hashes and shapes itself).
 
-
-def read_ledger(path: str | Path, repair: bool = False) -> list[dict[str, Any]]:
-    """All complete records. With ``repair`` a torn tail is cut off so appends continue cleanly.
-
-    Only the run's master may repair (it holds the run lock): a tail being written by a live
-    master looks torn to anyone else.
+    With ``repair`` a torn tail is cut off so appends continue cleanly. Only the run's
+    master may repair (it holds the run lock): a tail being written by a live master looks
+    torn to anyone else.
     """
     path = _ledger_path(path)
     contents = read_ledger_contents(path)
@@ -315,3 +300,12 @@ def read_ledger(path: str | Path, repair: bool = False) -> list[dict[str, Any]]:
         except OSError as exc:
             raise os_error(exc, path, "repair the torn end of the ledger") from None
     return contents.records
+
+
+def read_ledger(path: str | Path, repair: bool = False) -> list[Record]:
+    """Every complete record as its typed model; one line names the first malformed record.
+
+    A ledger with no complete record, or one that does not begin with ``run_start``, is
+    refused the same way: no reader can compute anything from it.
+    """
+    return parse_records(read_raw_ledger(path, repair), _ledger_path(path))

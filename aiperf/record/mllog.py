@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 from mlperf_logging.mllog import constants as mlc
 from mlperf_logging.mllog.mllog import MLLogger
@@ -37,6 +39,19 @@ from mlperf_logging.mllog.mllog import MLLogger
 from aiperf.metrics.score import compute_score
 from aiperf.metrics.workloads import NOT_COMPARABLE, identify
 from aiperf.record.ledger import LedgerWriter, read_ledger
+from aiperf.record.schema import (
+    EpochRecord,
+    PlanHeader,
+    Record,
+    RecordType,
+    RequeueRecord,
+    ResumeRecord,
+    RunStartRecord,
+    RunStatus,
+    RunStopRecord,
+    TrialEndRecord,
+    TrialStartRecord,
+)
 
 MLLOG_NAME = "mllog.txt"
 PREFIX = ":::MLLOG "
@@ -49,13 +64,6 @@ CHECKER_USAGE, CHECKER_RULESET = "hpc", "3.0.0"
 _SOURCE_ROOT = str(Path(__file__).resolve().parents[2])  # metadata.file is shown relative to this
 Event = tuple[str, str, Any, dict[str, Any]]  # (event_type, key, value, metadata)
 _LOG = {INTERVAL_START: "start", INTERVAL_END: "end", POINT_IN_TIME: "event"}  # MLLogger's method per event type
-
-
-def encode(time_ms: int, event_type: str, key: str, value: Any, metadata: dict[str, Any]) -> str:
-    """One log line in MLPerf's field order (without the logger's call site: for tools and tests)."""
-    body = {"namespace": "", "time_ms": time_ms, "event_type": event_type, "key": key, "value": value,
-            "metadata": metadata}  # fmt: skip
-    return PREFIX + json.dumps(body)
 
 
 def parse(line: str) -> dict[str, Any] | None:
@@ -82,24 +90,12 @@ class _Lines(logging.Handler):
             self.lines.append(message)
 
 
-def _platform(plan: dict[str, Any]) -> str:
-    nodes = plan.get("nodes") or []
-    if not nodes:
-        return "unknown"
-    gpus = max(int(n.get("gpus") or 0) for n in nodes)
-    names = sorted({n.get("accelerator") or n.get("cpu_model") or "CPU" for n in nodes})
-    per_node = (
-        f"{gpus}x {'/'.join(names)}" if gpus else f"{max(n.get('cpus', 0) for n in nodes):g} CPUs ({'/'.join(names)})"
-    )
-    return f"{len(nodes)} node(s) x {per_node}"
-
-
 class MLLogRenderer:
     """Turns ledger records, in order, into log lines; keeps only what later lines need."""
 
     def __init__(self) -> None:
-        self.trials: dict[str, dict[str, Any]] = {}  # trial -> {epochs, open epoch_num or None, attempt}
-        self.epochs: list[dict[str, Any]] = []  # slim copies, for the final score
+        self.trials: dict[str, _TrialState] = {}
+        self.epochs: list[EpochRecord] = []  # for the final score
         self.min_accuracy: float | None = None
         self.comparable: dict[str, Any] = {}
         self._out = _Lines()
@@ -107,25 +103,40 @@ class MLLogRenderer:
         logger.propagate = False
         logger.addHandler(self._out)
         self._log = MLLogger(logger=logger, default_namespace="", default_stack_offset=1, root_dir=_SOURCE_ROOT)
+        self._handlers = self._table()
 
-    def lines(self, rec: dict[str, Any], resumed: bool = False) -> list[str]:
+    def lines(self, rec: Record, resumed: bool = False) -> list[str]:
         """The log lines of one ledger record; ``resumed``: a ``run_stop`` that a ``resume`` follows."""
-        handler = getattr(self, f"_{rec.get('type')}", None)
-        if handler is None:
-            return []
-        events = handler(rec, resumed) if rec.get("type") == "run_stop" else handler(rec)
-        ms = int(rec["wall"] * 1000)
+        if resumed and isinstance(rec, RunStopRecord):
+            events = self._session_stop(rec)
+        else:  # the types without a handler (workers, weights, types a newer writer added) make no lines
+            events = self._handlers[rec.type](rec) if rec.type in self._handlers else []
+        ms = int(rec.wall * 1000)
         self._out.lines = []
         for kind, key, value, meta in events:
             at = ms - round(1000 * meta.pop("before_s")) if "before_s" in meta else ms
             log = getattr(self._log, _LOG[kind])
-            log(key=key, value=value, metadata={**meta, "seq": rec["seq"]}, time_ms=at)
+            # MLLogger writes this call's line number into every line's metadata: kept on line 122, the
+            # line it has always had, so the log of an earlier run, rebuilt from its ledger (``attach``
+            # on --resume), is the mllog.txt that run wrote.
+            log(key=key, value=value, metadata={**meta, "seq": rec.seq}, time_ms=at)
         return self._out.lines
 
-    def _run_start(self, rec: dict[str, Any]) -> list[Event]:
-        plan, dataset = rec.get("plan") or {}, rec.get("dataset") or {}
-        self.min_accuracy = (rec.get("rules") or {}).get("min_accuracy")
-        nodes = plan.get("nodes") or []
+    def _table(self) -> dict[str, _Handler]:
+        """The handler of each record type that makes lines."""
+        return {
+            RecordType.RUN_START: _only(RunStartRecord, self._run_start),
+            RecordType.TRIAL_START: _only(TrialStartRecord, self._trial_start),
+            RecordType.EPOCH: _only(EpochRecord, self._epoch),
+            RecordType.REQUEUE: _only(RequeueRecord, self._requeue),
+            RecordType.TRIAL_END: _only(TrialEndRecord, self._trial_end),
+            RecordType.RESUME: _only(ResumeRecord, self._resume),
+            RecordType.RUN_STOP: _only(RunStopRecord, self._run_stop),
+        }
+
+    def _run_start(self, rec: RunStartRecord) -> list[Event]:
+        dataset, nodes = rec.dataset, rec.plan.nodes
+        self.min_accuracy = rec.rules.min_accuracy
         workload = identify(rec)
         self.comparable = {
             "workload": workload.workload,
@@ -136,89 +147,79 @@ class MLLogRenderer:
         init = {"note": "initialisation (dataset load, Ray start, sizing) ends when the ledger begins"}
         return [
             (POINT_IN_TIME, "submission_benchmark", BENCHMARK, {}),
-            (POINT_IN_TIME, "submission_org", (rec.get("config") or {}).get("run", {}).get("organization") or ORG, {}),
+            (POINT_IN_TIME, "submission_org", rec.config.run.organization or ORG, {}),
             (POINT_IN_TIME, "submission_division", DIVISION, {}),
             (POINT_IN_TIME, "submission_status", STATUS, {}),
-            (POINT_IN_TIME, "submission_platform", _platform(plan), {}),
+            (POINT_IN_TIME, "submission_platform", _platform(rec.plan), {}),
             (POINT_IN_TIME, "number_of_nodes", len(nodes), {}),
-            (POINT_IN_TIME, "accelerators_per_node", max((int(n.get("gpus") or 0) for n in nodes), default=0), {}),
-            (POINT_IN_TIME, "seed", (rec.get("config") or {}).get("run", {}).get("seed"), {}),
-            (POINT_IN_TIME, "train_samples", dataset.get("train_images"), {"dataset": dataset.get("name")}),
-            (POINT_IN_TIME, "eval_samples", dataset.get("eval_images"), {"dataset": dataset.get("name")}),
+            (POINT_IN_TIME, "accelerators_per_node", max((int(n.gpus) for n in nodes), default=0), {}),
+            (POINT_IN_TIME, "seed", rec.config.run.seed, {}),
+            (POINT_IN_TIME, "train_samples", dataset.train_images, {"dataset": dataset.name}),
+            (POINT_IN_TIME, "eval_samples", dataset.eval_images, {"dataset": dataset.name}),
             (POINT_IN_TIME, "aiperf_workload", workload.workload, dict(self.comparable)),
             # aiperf does not drop the operating system's file cache before a run: recorded as such.
             (POINT_IN_TIME, "cache_clear", False, {}),
             (INTERVAL_START, "init_start", None, dict(init)),
             (INTERVAL_END, "init_stop", None, dict(init)),
-            (INTERVAL_START, "run_start", None, {"run_id": rec.get("run_id")}),
+            (INTERVAL_START, "run_start", None, {"run_id": rec.run_id}),
         ]
 
-    def _trial_start(self, rec: dict[str, Any]) -> list[Event]:
-        trial = rec["trial"]
-        epoch = int(rec.get("start_epoch") or 0) + 1
-        state = {
-            "epochs": int((rec.get("hparams") or {}).get("epochs") or epoch),
-            "open": epoch,
-            "attempt": rec.get("attempt", 0),
-        }
-        self.trials[trial] = state
-        return [
-            (
-                INTERVAL_START,
-                "epoch_start",
-                None,
-                self._meta(trial, epoch, kind=rec.get("kind"), worker=rec.get("worker")),
-            )
-        ]
+    def _trial_start(self, rec: TrialStartRecord) -> list[Event]:
+        epoch = rec.start_epoch + 1
+        self.trials[rec.trial] = _TrialState(epochs=rec.hparams.epochs or epoch, open=epoch, attempt=rec.attempt)
+        return [(INTERVAL_START, "epoch_start", None, self._meta(rec.trial, epoch, kind=rec.kind, worker=rec.worker))]
 
     def _meta(self, trial: str, epoch: int, **extra: Any) -> dict[str, Any]:
-        return {"trial": trial, "epoch_num": epoch, "attempt": self.trials[trial]["attempt"], **extra}
+        return {"trial": trial, "epoch_num": epoch, "attempt": self.trials[trial].attempt, **extra}
 
-    def _epoch(self, rec: dict[str, Any]) -> list[Event]:
-        trial, epoch = rec["trial"], rec["epoch"]
-        self.epochs.append(
-            {k: rec.get(k) for k in ("type", "t", "ops", "train_ops", "eval_ops", "aiperf_ops", "val_acc")}
-        )
-        state = self.trials.setdefault(trial, {"epochs": epoch, "open": epoch, "attempt": rec.get("attempt", 0)})
-        eval_s = rec.get("eval_s") if isinstance(rec.get("eval_s"), (int, float)) else 0.0
-        out = [
+    def _epoch(self, rec: EpochRecord) -> list[Event]:
+        trial, epoch = rec.trial, rec.epoch
+        self.epochs.append(rec)
+        state = self.trials.setdefault(trial, _TrialState(epochs=epoch, open=epoch, attempt=rec.attempt))
+        eval_s = rec.eval_s if rec.eval_s is not None else 0.0
+        out: list[Event] = [
             # The evaluation ended when the worker reported the epoch; it began eval_s before that.
             (INTERVAL_START, "eval_start", None, {**self._meta(trial, epoch), "before_s": eval_s}),
             (INTERVAL_END, "eval_stop", None, self._meta(trial, epoch, eval_s=eval_s)),
-            (POINT_IN_TIME, "eval_accuracy", rec.get("val_acc"), self._meta(trial, epoch)),
+            (POINT_IN_TIME, "eval_accuracy", rec.val_acc, self._meta(trial, epoch)),
             (
                 INTERVAL_END,
                 "epoch_stop",
                 None,
-                self._meta(trial, epoch, counted=True, ops=rec.get("ops"), aiperf_ops=rec.get("aiperf_ops")),
+                self._meta(trial, epoch, counted=True, ops=rec.ops, aiperf_ops=rec.aiperf_ops),
             ),
         ]
-        state["open"] = None
-        if epoch < state["epochs"]:
-            state["open"] = epoch + 1
+        state.open = None
+        if epoch < state.epochs:
+            state.open = epoch + 1
             out.append((INTERVAL_START, "epoch_start", None, self._meta(trial, epoch + 1)))
         return out
 
     def _close(self, trial: str, why: str) -> list[Event]:
         state = self.trials.get(trial)
-        if state is None or state["open"] is None:
+        if state is None or state.open is None:
             return []
-        epoch, state["open"] = state["open"], None
+        epoch, state.open = state.open, None
         return [(INTERVAL_END, "epoch_stop", None, self._meta(trial, epoch, counted=False, reason=why))]
 
-    def _requeue(self, rec: dict[str, Any]) -> list[Event]:
-        return self._close(rec["trial"], f"re-queued: {rec.get('reason', '')}")
+    def _requeue(self, rec: RequeueRecord) -> list[Event]:
+        return self._close(rec.trial, f"re-queued: {rec.reason or ''}")
 
-    def _trial_end(self, rec: dict[str, Any]) -> list[Event]:
-        return self._close(rec["trial"], f"trial {rec.get('status')}")
+    def _trial_end(self, rec: TrialEndRecord) -> list[Event]:
+        return self._close(rec.trial, f"trial {rec.status}")
 
-    def _resume(self, rec: dict[str, Any]) -> list[Event]:
-        return [(POINT_IN_TIME, "aiperf_resume", rec.get("gap_s"), {"from_seq": rec.get("from_seq")})]
+    def _resume(self, rec: ResumeRecord) -> list[Event]:
+        return [(POINT_IN_TIME, "aiperf_resume", rec.gap_s, {"from_seq": rec.from_seq})]
 
-    def _run_stop(self, rec: dict[str, Any], resumed: bool = False) -> list[Event]:
-        out = [event for trial in list(self.trials) for event in self._close(trial, f"run {rec.get('status')}")]
-        if resumed:  # the run went on: MLPerf logs one run_stop, at the run's real end
-            return [*out, (POINT_IN_TIME, "aiperf_session_stop", rec.get("status"), {"reason": rec.get("reason")})]
+    def _close_all(self, rec: RunStopRecord) -> list[Event]:
+        return [event for trial in list(self.trials) for event in self._close(trial, f"run {rec.status}")]
+
+    def _session_stop(self, rec: RunStopRecord) -> list[Event]:
+        """A session's end that a resume follows: the run went on, and MLPerf logs one run_stop, at its real end."""
+        return [*self._close_all(rec), (POINT_IN_TIME, "aiperf_session_stop", rec.status, {"reason": rec.reason})]
+
+    def _run_stop(self, rec: RunStopRecord) -> list[Event]:
+        out = self._close_all(rec)
         score = compute_score(self.epochs)
         reached = (
             score.best_val_acc is not None and self.min_accuracy is not None and score.best_val_acc >= self.min_accuracy
@@ -239,26 +240,53 @@ class MLLogRenderer:
             )
         )
         # MLPerf's "success" means the target quality was reached; the run's own status goes alongside.
-        status = "success" if rec.get("status") == "completed" and reached else "aborted"
-        out.append(
-            (
-                INTERVAL_END,
-                "run_stop",
-                None,
-                {"status": status, "run_status": rec.get("status"), "reason": rec.get("reason")},
-            )
-        )
+        status = "success" if rec.status is RunStatus.COMPLETED and reached else "aborted"
+        out.append((INTERVAL_END, "run_stop", None, {"status": status, "run_status": rec.status, "reason": rec.reason}))
         return out
 
 
-def render(records: list[dict[str, Any]]) -> list[str]:
+def render(records: list[Record]) -> list[str]:
     """The whole log of a ledger (what ``mllog.txt`` holds once the run has ended)."""
     renderer = MLLogRenderer()
     return [line for k, rec in enumerate(records) for line in renderer.lines(rec, _resumed(records, k))]
 
 
-def _resumed(records: list[dict[str, Any]], k: int) -> bool:
-    return records[k].get("type") == "run_stop" and k + 1 < len(records) and records[k + 1].get("type") == "resume"
+def _resumed(records: list[Record], k: int) -> bool:
+    """Whether ``records[k]`` is a session's ``run_stop`` that a ``resume`` follows."""
+    return isinstance(records[k], RunStopRecord) and k + 1 < len(records) and isinstance(records[k + 1], ResumeRecord)
+
+
+R = TypeVar("R", bound=Record)
+_Handler = Callable[[Record], list[Event]]
+
+
+def _platform(plan: PlanHeader) -> str:
+    nodes = plan.nodes
+    if not nodes:
+        return "unknown"
+    gpus = max(int(n.gpus) for n in nodes)
+    names = sorted({n.accelerator or n.cpu_model or "CPU" for n in nodes})
+    per_node = f"{gpus}x {'/'.join(names)}" if gpus else f"{max(n.cpus for n in nodes):g} CPUs ({'/'.join(names)})"
+    return f"{len(nodes)} node(s) x {per_node}"
+
+
+def _only(kind: type[R], handler: Callable[[R], list[Event]]) -> _Handler:
+    """``handler`` for the records of ``kind`` (a record built as another model under its name gets no lines)."""
+    return lambda rec: handler(rec) if isinstance(rec, kind) else []
+
+
+@dataclass
+class _TrialState:
+    epochs: int  # the epochs the trial trains
+    open: int | None  # the epoch_num of its open epoch interval, if one is open
+    attempt: int
+
+
+def encode(time_ms: int, event_type: str, key: str, value: Any, metadata: dict[str, Any]) -> str:
+    """One log line in MLPerf's field order (without the logger's call site: for tools and tests)."""
+    body = {"namespace": "", "time_ms": time_ms, "event_type": event_type, "key": key, "value": value,
+            "metadata": metadata}  # fmt: skip
+    return PREFIX + json.dumps(body)
 
 
 def write_checker_config(directory: str | Path) -> Path:
@@ -319,9 +347,9 @@ class MLLogWriter:
             self._fh.write(line.encode() + b"\n")
             self._fh.flush()
 
-    def __call__(self, record: dict[str, Any]) -> None:
+    def __call__(self, record: Record) -> None:
         self.write(self._renderer.lines(record))
-        if record.get("type") == "run_stop":
+        if isinstance(record, RunStopRecord):
             self.close()
 
     def close(self) -> None:

@@ -18,7 +18,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from aiperf.metrics.score import format_ops
+from aiperf.metrics.score import TimelinePoint, format_ops
 
 WIDTH, HEIGHT, DPI = 6.4, 3.4, 110
 MAX_LEGEND = 10
@@ -45,7 +45,7 @@ def _si(unit: str) -> FuncFormatter:
     return FuncFormatter(lambda v, _pos: format_ops(v, unit) if v else "0")
 
 
-def score_over_time(timeline: Sequence[dict[str, Any]]) -> bytes | None:
+def score_over_time(timeline: Sequence[TimelinePoint]) -> bytes | None:
     """OPS and regulated score as they stood at each moment of the run."""
     if not timeline or not any(p["total_ops"] for p in timeline):
         return None
@@ -60,7 +60,7 @@ def score_over_time(timeline: Sequence[dict[str, Any]]) -> bytes | None:
     return _png(fig)
 
 
-def best_error_over_time(timeline: Sequence[dict[str, Any]], epochs: pd.DataFrame) -> bytes | None:
+def best_error_over_time(timeline: Sequence[TimelinePoint], epochs: pd.DataFrame) -> bytes | None:
     """Best validation error so far (a step line), over every epoch's own validation error."""
     if epochs.empty:
         return None

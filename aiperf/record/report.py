@@ -15,11 +15,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from aiperf.errors import AiperfError, os_error
+from aiperf.errors import os_error
 from aiperf.metrics.score import format_ops, score_timeline
 from aiperf.record import plots
 from aiperf.record.files import write_atomic
 from aiperf.record.results import RunResults, load
+from aiperf.record.schema import RunStartRecord
 from aiperf.record.summary import build_summary, format_telemetry
 
 REPORT_NAME = "report.html"
@@ -138,6 +139,11 @@ def _figure(png: bytes | None, caption: str, alt: str, wide: bool = False) -> st
     )
 
 
+def _or_unknown(value: object) -> object:
+    """A header field the page shows as ``?`` where the ledger does not state it."""
+    return "?" if value is None else value
+
+
 def _verdict_class(verdict: dict[str, Any]) -> str:
     if not verdict["valid"]:
         return "invalid"
@@ -192,8 +198,8 @@ def _headline(summary: dict[str, Any]) -> str:
     )
 
 
-def _hostnames(header: dict[str, Any]) -> dict[str, str]:
-    return {n.get("node_id", ""): n.get("hostname", "") for n in (header.get("plan") or {}).get("nodes", [])}
+def _hostnames(header: RunStartRecord) -> dict[str, str]:
+    return {n.node_id: n.hostname or "" for n in header.plan.nodes}
 
 
 def _plots(results: RunResults, summary: dict[str, Any]) -> str:
@@ -307,39 +313,44 @@ def _input_section(summary: dict[str, Any]) -> str:
     )
 
 
-def _system(header: dict[str, Any], summary: dict[str, Any]) -> str:
-    plan = header.get("plan") or {}
+def _system(header: RunStartRecord, summary: dict[str, Any]) -> str:
+    plan = header.plan
     nodes = [
-        f"<tr><td>{_e(n.get('hostname') or n.get('node_id', '')[:12])}</td>{_num(n.get('cpus'), '{:g}')}"
-        f"{_num(n.get('gpus'), '{:g}')}<td>{_e(n.get('accelerator') or '-')}</td>"
-        f"{_num((n.get('memory_bytes') or 0) / 2**30, '{:.1f}')}<td>{_e(n.get('cpu_model'))}</td></tr>"
-        for n in plan.get("nodes", [])
+        f"<tr><td>{_e(n.hostname or n.node_id[:12])}</td>{_num(n.cpus, '{:g}')}"
+        f"{_num(n.gpus, '{:g}')}<td>{_e(n.accelerator or '-')}</td>"
+        f"{_num((n.memory_bytes or 0) / 2**30, '{:.1f}')}<td>{_e(n.cpu_model)}</td></tr>"
+        for n in plan.nodes
     ]
     devices = ", ".join(f"{k} x {n}" for k, n in summary["devices"]["workers_by_device"].items()) or "-"
     plan_items = [
-        ("placement", plan.get("placement")),
-        ("concurrent trials", plan.get("concurrency")),
+        ("placement", plan.placement),
+        ("concurrent trials", plan.concurrency),
         ("workers by device", devices),
-        ("backend", plan.get("backend")),
-        ("precision requested / used", f"{plan.get('precision')} / {', '.join(summary['precision']) or '-'}"),
-        ("batch size (default)", plan.get("batch_size")),
-        ("threads per trial", plan.get("threads_per_trial")),
+        ("backend", plan.backend),
+        ("precision requested / used", f"{plan.precision} / {', '.join(summary['precision']) or '-'}"),
+        ("batch size (default)", plan.batch_size),
+        ("threads per trial", plan.threads_per_trial),
     ]
-    ds = header.get("dataset") or {}
-    split = ds.get("split") or {}
+    ds = header.dataset
+    split = ds.split
+    split_text = (
+        f"{_or_unknown(split.method)}, seed {_or_unknown(split.seed)}, disjoint: {split.disjoint}"
+        if split is not None
+        else "?, seed ?, disjoint: None"
+    )
     dataset_items = [
-        ("name", ds.get("name")),
-        ("source", ds.get("source")),
-        ("train images", ds.get("train_images")),
-        ("validation images", ds.get("eval_images")),
-        ("input shape", ds.get("input_shape")),
-        ("classes", ds.get("num_classes")),
-        ("storage", ds.get("storage") or ("stream" if ds.get("streaming") else "memory")),
-        ("split", f"{split.get('method', '?')}, seed {split.get('seed', '?')}, disjoint: {split.get('disjoint')}"),
-        ("fingerprint", ds.get("fingerprint")),
+        ("name", ds.name),
+        ("source", ds.source),
+        ("train images", ds.train_images),
+        ("validation images", ds.eval_images),
+        ("input shape", ds.input_shape),
+        ("classes", ds.num_classes),
+        ("storage", ds.storage or ("stream" if ds.streaming else "memory")),
+        ("split", split_text),
+        ("fingerprint", ds.fingerprint),
     ]
-    versions = sorted((header.get("versions") or {}).items())
-    system = header.get("system") or {}
+    versions = sorted(header.versions.items())
+    system = header.system
     return (
         "<h2>System</h2>"
         + _table(["node", "CPUs", "GPUs", "accelerator", "memory (GiB)", "CPU model"], nodes)
@@ -351,10 +362,10 @@ def _system(header: dict[str, Any], summary: dict[str, Any]) -> str:
         + "</div><div><h2>Software</h2>"
         + _pairs(versions)
         + "</div><div><h2>Rules in force</h2>"
-        + _pairs(sorted((header.get("rules") or {}).items()))
+        + _pairs(sorted(header.rules.model_dump(exclude_unset=True).items()))  # as the header states them
         + "</div></div>"
         + "<details><summary>Full configuration</summary><pre>"
-        + _e(json.dumps(header.get("config"), indent=2, sort_keys=True))
+        + _e(json.dumps(header.config.model_dump(exclude_unset=True), indent=2, sort_keys=True))
         + "</pre></details>"
     )
 
@@ -401,7 +412,7 @@ def render_report(results: RunResults, summary: dict[str, Any], run_dir: str | P
     """The page as a string."""
     header = results.header
     generated = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    started = datetime.fromtimestamp(header.get("wall", 0), UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    started = datetime.fromtimestamp(header.wall, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     ledger = summary["ledger"]
     body = (
         f"<h1>aiperf run {_e(summary['run_id'])}</h1>"
@@ -432,8 +443,6 @@ def write_report(run_dir: str | Path, output: str | Path | None = None) -> Path:
     """Write ``report.html`` (or ``output``) for the run in ``run_dir``; returns its path."""
     run_dir = Path(run_dir)
     results = load(run_dir)
-    if not results.header:
-        raise AiperfError(f"{run_dir}: the ledger does not begin with a run_start record")
     summary = build_summary(run_dir, results.records)
     page = render_report(results, summary, run_dir)
     path = Path(output) if output else run_dir / REPORT_NAME

@@ -10,14 +10,16 @@ mapped onto it through the ledger records around them.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from aiperf.errors import AiperfError
 from aiperf.record.ledger import LEDGER_NAME, read_ledger
-from aiperf.record.schema import check_shapes
+from aiperf.record.schema import EpochRecord, Record, RunStartRecord, TrialEndRecord, TrialStartRecord, WorkerRecord
 from aiperf.record.telemetry import read_telemetry
 
 EPOCH_COLUMNS = [
@@ -91,51 +93,50 @@ TELEMETRY_COLUMNS = [
 class RunResults:
     """Everything a run recorded, as frames; ``header`` is the ledger's ``run_start`` record."""
 
-    header: dict[str, Any]
+    header: RunStartRecord
     trials: pd.DataFrame
     epochs: pd.DataFrame
     workers: pd.DataFrame
     telemetry: pd.DataFrame
-    records: list[dict[str, Any]] = field(repr=False, default_factory=list)
+    records: list[Record] = field(repr=False, default_factory=list)
 
 
-def _epochs(records: list[dict[str, Any]]) -> pd.DataFrame:
-    rows = [{k: r.get(k) for k in EPOCH_COLUMNS} for r in records if r.get("type") == "epoch"]
+def _epochs(records: list[Record]) -> pd.DataFrame:
+    # Each record's declared fields (None where it has none); the frame keeps EPOCH_COLUMNS of them.
+    rows = [r.model_dump() for r in records if isinstance(r, EpochRecord)]
     return pd.DataFrame(rows, columns=EPOCH_COLUMNS)
 
 
-def _trials(records: list[dict[str, Any]], epochs: pd.DataFrame) -> pd.DataFrame:
+def _trials(records: list[Record], epochs: pd.DataFrame) -> pd.DataFrame:
     rows: dict[str, dict[str, Any]] = {}
     for r in records:
-        if r.get("type") == "trial_start":
-            row = rows.get(r["trial"])
+        if isinstance(r, TrialStartRecord):
+            row = rows.get(r.trial)
             if row is None:
-                hp, flops = r.get("hparams") or {}, r.get("flops") or {}
-                row = rows[r["trial"]] = {
-                    "trial": r["trial"],
-                    "kind": r.get("kind"),
-                    "parent": r.get("parent"),
-                    "inherit": r.get("inherit"),
-                    "arch_id": r.get("arch_id"),
-                    "params": r.get("params"),
-                    "flops_train_per_image": flops.get("train_per_image"),
-                    "flops_eval_per_image": flops.get("eval_per_image"),
-                    "learning_rate": hp.get("learning_rate"),
-                    "batch_size": hp.get("batch_size"),
-                    "weight_decay": hp.get("weight_decay"),
-                    "dropout": hp.get("dropout"),
-                    "kernel_size": hp.get("kernel_size"),
-                    "epochs_planned": hp.get("epochs"),
-                    "lineage": " ; ".join(r.get("lineage") or []),
-                    "start_t": r.get("t"),
+                hp, flops = r.hparams, r.flops
+                row = rows[r.trial] = {
+                    "trial": r.trial,
+                    "kind": r.kind,
+                    "parent": r.parent,
+                    "inherit": r.inherit,
+                    "arch_id": r.arch_id,
+                    "params": r.params,
+                    "flops_train_per_image": flops.train_per_image,
+                    "flops_eval_per_image": flops.eval_per_image,
+                    "learning_rate": hp.learning_rate,
+                    "batch_size": hp.batch_size,
+                    "weight_decay": hp.weight_decay,
+                    "dropout": hp.dropout,
+                    "kernel_size": hp.kernel_size,
+                    "epochs_planned": hp.epochs,
+                    "lineage": " ; ".join(r.lineage),
+                    "start_t": r.t,
                     "status": "running",
                     "attempts": 0,
                 }
-            row.update(worker=r.get("worker"), node=r.get("node"), attempts=row["attempts"] + 1)
-        elif r.get("type") == "trial_end" and r.get("trial") in rows:
-            rows[r["trial"]].update(
-                end_t=r.get("t"), status=r.get("status"), epochs=r.get("epochs"), best_val_acc=r.get("best_val_acc")
-            )
+            row.update(worker=r.worker, node=r.node, attempts=row["attempts"] + 1)
+        elif isinstance(r, TrialEndRecord) and r.trial in rows:
+            rows[r.trial].update(end_t=r.t, status=r.status.value, epochs=r.epochs, best_val_acc=r.best_val_acc)
     frame = pd.DataFrame(list(rows.values()), columns=TRIAL_COLUMNS)
     if len(frame) and len(epochs):
         per_trial = epochs.groupby("trial").agg(ops=("ops", "sum"), best=("val_acc", "max"))
@@ -149,7 +150,7 @@ def _trials(records: list[dict[str, Any]], epochs: pd.DataFrame) -> pd.DataFrame
     return frame
 
 
-def _depth(trial: str, parents: dict[str, Any]) -> int:
+def _depth(trial: str, parents: dict[str, str | None]) -> int:
     """Generations from the seed (0 for a trial without a parent); stops on a broken or cyclic chain."""
     depth, seen = 0, {trial}
     parent = parents.get(trial)
@@ -160,7 +161,7 @@ def _depth(trial: str, parents: dict[str, Any]) -> int:
     return depth
 
 
-def _workers(records: list[dict[str, Any]]) -> pd.DataFrame:
+def _workers(records: list[Record]) -> pd.DataFrame:
     columns = [
         "worker",
         "node",
@@ -174,27 +175,26 @@ def _workers(records: list[dict[str, Any]]) -> pd.DataFrame:
     ]
     rows = []
     for r in records:
-        if r.get("type") == "worker":
-            dev = r.get("device") or {}
+        if isinstance(r, WorkerRecord):
             rows.append(
                 {
-                    "worker": r.get("worker"),
-                    "node": r.get("node"),
-                    "hostname": r.get("hostname"),
-                    "device": f"{dev.get('kind', '?')}: {dev.get('name', '?')}",
-                    "busy_s": r.get("busy_s"),
-                    "alive_s": r.get("alive_s"),
-                    "busy_fraction": r.get("busy_fraction"),
-                    "idle_gap_mean_s": (r.get("idle_gaps") or {}).get("mean_s"),
-                    "retired": r.get("retired"),
+                    "worker": r.worker,
+                    "node": r.node,
+                    "hostname": r.hostname,
+                    "device": f"{r.device.get('kind', '?')}: {r.device.get('name', '?')}",  # as the worker reported
+                    "busy_s": r.busy_s,
+                    "alive_s": r.alive_s,
+                    "busy_fraction": r.busy_fraction,
+                    "idle_gap_mean_s": r.idle_gaps.mean_s,
+                    "retired": r.retired,
                 }
             )
     return pd.DataFrame(rows, columns=columns)
 
 
-def master_time(records: list[dict[str, Any]], walls: list[float]) -> list[float]:
+def master_time(records: Sequence[Record], walls: list[float]) -> list[float]:
     """Map Unix times onto the ledger's master clock, using the latest record written before each."""
-    anchors = sorted((r["wall"], r["wall"] - r["t"]) for r in records if "wall" in r and "t" in r)
+    anchors = sorted((r.wall, r.wall - r.t) for r in records)
     if not anchors:
         return [float("nan")] * len(walls)
     keys = [a[0] for a in anchors]
@@ -205,7 +205,7 @@ def master_time(records: list[dict[str, Any]], walls: list[float]) -> list[float
     return out
 
 
-def _telemetry(run_dir: Path, records: list[dict[str, Any]]) -> pd.DataFrame:
+def _telemetry(run_dir: Path, records: list[Record]) -> pd.DataFrame:
     rows = []
     for s in read_telemetry(run_dir):
         if "error" in s:
@@ -247,8 +247,9 @@ def load(run_dir: str | Path) -> RunResults:
     """
     run_dir = Path(run_dir)
     records = read_ledger(run_dir)
-    check_shapes(records, run_dir / LEDGER_NAME)
-    header = records[0] if records and records[0].get("type") == "run_start" else {}
+    header = records[0]
+    if not isinstance(header, RunStartRecord):  # read_ledger refuses such a ledger already
+        raise AiperfError(f"{run_dir / LEDGER_NAME}: the ledger does not begin with a run_start record")
     epochs = _epochs(records)
     return RunResults(
         header, _trials(records, epochs), epochs, _workers(records), _telemetry(run_dir, records), records

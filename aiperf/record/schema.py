@@ -1,23 +1,35 @@
-"""The shape of each ledger record, checked before anything computes from a ledger.
+"""Ledger records: one typed model per record type, the shape writers append and readers get back.
 
-The readers (summary, verify, report, ``results.load``, ``--resume``) take a ledger from
+A writer builds a record (``EpochRecord(trial=..., val_acc=...)``) and appends it; the ledger
+adds the header (``seq``, ``t``, ``wall``, ``prev``, ``hash``) and writes exactly the fields the
+writer set, so a field a writer leaves out is absent from the line, as before models existed.
+A reader gets the same models back from :func:`aiperf.record.ledger.read_ledger` and uses
+attributes and enums, never string keys.
+
+The readers (summary, verify, report, audit, ``results.load``, ``--resume``) take a ledger from
 disk, where anyone may have edited it, and then index into it, sum its numbers and format
 them. A record with a valid hash chain but a string where a number belongs would otherwise
-end deep inside one of them as a ``TypeError``. So every record is checked against the
-fields those readers use -- their types, and ranges where arithmetic or a date conversion
-would overflow -- and the first problem is reported as one line naming the record and the
-field. A field is required only where a reader cannot do without it; the others are checked
-when present. Each model declares every field its writers emit (docs/ledger.md lists them,
-and a test holds the two together); fields no model declares, and record types this version
-does not know, pass unchecked, so newer writers can add to the format.
+end deep inside one of them as a ``TypeError``. So every record is checked against its model
+-- types, and ranges where arithmetic or a date conversion would overflow -- and the first
+problem is reported as one line naming the record and the field. A field is required only
+where a reader cannot do without it; the others are checked when present. Each model declares
+every field its writers emit (docs/ledger.md lists them, and a test holds the two together);
+fields no model declares, and record types this version does not know, pass unchecked (a
+plain :class:`Record`), so newer writers can add to the format.
+
+Numbers are ``int | float``: a ledger's ``1`` reads back as ``1`` and its ``1.0`` as ``1.0``,
+so a record read and written again has the bytes, and the hash, it was read with.
 """
 
 from __future__ import annotations
 
 import enum
-from typing import Annotated, Any
+import math
+from collections.abc import Iterable
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError
+from pydantic_core import PydanticCustomError
 
 from aiperf.errors import AiperfError, excerpt
 
@@ -28,14 +40,46 @@ MAX_QUANTITY = 1e300  # operations, seconds, bytes: sums of a few of these stay 
 
 Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 Positive = Annotated[int, Field(ge=1, le=MAX_COUNT)]
-Quantity = Annotated[float, Field(ge=0, le=MAX_QUANTITY)]
-Number = Annotated[float, Field(ge=-MAX_QUANTITY, le=MAX_QUANTITY)]
-Fraction = Annotated[float, Field(ge=0, le=1)]
+
+
+def _number(lowest: float, highest: float) -> PlainValidator:
+    """A JSON number in ``[lowest, highest]``, kept as the int or float it was (so its bytes round-trip).
+
+    One validator rather than pydantic's ``int | float`` union, whose errors name a union
+    member ("val_acc.int: ...") instead of the field.
+    """
+    # Bounds show as pydantic shows them (an integral float as an integer), so messages are as before.
+    shown_low, shown_high = (int(b) if float(b).is_integer() else b for b in (lowest, highest))
+
+    def check(value: Any) -> int | float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise PydanticCustomError("float_type", "Input should be a valid number")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise PydanticCustomError("finite_number", "Input should be a finite number")
+        if value < lowest:
+            raise PydanticCustomError(
+                "greater_than_equal", "Input should be greater than or equal to {ge}", {"ge": shown_low}
+            )
+        if value > highest:
+            raise PydanticCustomError(
+                "less_than_equal", "Input should be less than or equal to {le}", {"le": shown_high}
+            )
+        return value
+
+    return PlainValidator(check, json_schema_input_type=float)
+
+
+Quantity = Annotated[int | float, _number(0, MAX_QUANTITY)]
+Number = Annotated[int | float, _number(-MAX_QUANTITY, MAX_QUANTITY)]
+Fraction = Annotated[int | float, _number(0, 1)]
+Seconds = Annotated[int | float, _number(0, MAX_T)]
+WallTime = Annotated[int | float, _number(0, MAX_WALL)]
+
+HEADER = ("seq", "type", "t", "wall", "prev", "hash")  # what the ledger adds to every record
 
 
 # The names the writers put into records. They are StrEnums, so a record written with them
-# serialises to exactly the bytes (and hash) of one written with the plain strings, and a
-# reader may compare a string read back from a ledger with them directly.
+# serialises to exactly the bytes (and hash) of one written with the plain strings.
 class RecordType(enum.StrEnum):
     """The ``type`` of a ledger record (docs/ledger.md, Record types)."""
 
@@ -69,30 +113,84 @@ class RunStatus(enum.StrEnum):
     FAILED = "failed"  # the run could not train (docs/cluster.md, Faults)
 
 
+def json_safe(value: Any) -> Any:
+    """A value as JSON can hold it: NaN/inf become None, tuples lists, NumPy scalars Python numbers."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if hasattr(value, "item") and callable(value.item):  # NumPy scalar
+        return json_safe(value.item())
+    return value
+
+
 class _Shape(BaseModel):
     # strict: no "1" -> 1 or True -> 1; allow: unknown fields are fine (newer writers add some).
     model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
 
+    def __init__(self, **fields: Any) -> None:
+        # What a writer hands over may hold NumPy scalars or a NaN loss: stored as JSON has them.
+        super().__init__(**json_safe(fields))
 
-class _Record(_Shape):
-    seq: Count
-    type: str
-    t: Annotated[float, Field(ge=0, le=MAX_T)]
-    wall: Annotated[float, Field(ge=0, le=MAX_WALL)]
-    prev: str
-    hash: str
+
+# Status fields read a ledger's string into the enum (strict mode alone accepts only enum members).
+TrialStatusField = Annotated[TrialStatus, Field(strict=False)]
+RunStatusField = Annotated[RunStatus, Field(strict=False)]
+
+
+class Record(_Shape):
+    """A ledger record of any type; records of a type this version does not know are read as this.
+
+    The header fields are filled in by :meth:`aiperf.record.ledger.LedgerWriter.append`; a
+    writer sets ``t`` only to stamp a record with a time of its own clock.
+    """
+
+    seq: Count = 0
+    type: str = ""
+    t: Seconds = 0.0
+    wall: WallTime = 0.0
+    prev: str = ""
+    hash: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as its JSON object: exactly the fields it was written or read with."""
+        return self.model_dump(exclude_unset=True)
+
+    def extra(self, name: str, default: Any = None) -> Any:
+        """A field no model declares (one a newer writer added), or ``default``."""
+        return (self.model_extra or {}).get(name, default)
+
+
+RecordT = TypeVar("RecordT", bound=Record)
+
+
+def of_type(records: Iterable[Record], kind: type[RecordT]) -> list[RecordT]:
+    """The records of one type, typed as such (the readers' filter)."""
+    return [r for r in records if isinstance(r, kind)]
 
 
 class _RunSection(_Shape):
     name: str | None = None
     telemetry_interval_s: Quantity | None = None
+    organization: str | None = None  # the MLPerf log's submission_org
+    seed: int | None = None  # the run's seed (the MLPerf log's seed)
 
 
-class _ConfigHeader(_Shape):
+class _DatasetSection(_Shape):
+    name: str | None = None
+    max_bad_fraction: Fraction | None = None
+
+
+class ConfigHeader(_Shape):
     run: _RunSection = _RunSection()
+    dataset: _DatasetSection = _DatasetSection()
 
 
 class _Split(_Shape):
+    method: str | None = None
+    seed: int | None = None
     disjoint: bool | None = None
 
 
@@ -102,7 +200,7 @@ class _BadImagesAtLoad(_Shape):
     max_fraction: Fraction | None = None
 
 
-class _DatasetHeader(_Shape):
+class DatasetHeader(_Shape):
     name: str | None = None
     storage: str | None = None
     bad_images: _BadImagesAtLoad | None = None
@@ -113,6 +211,7 @@ class _DatasetHeader(_Shape):
     input_shape: list[Count] | None = None
     split: _Split | None = None
     source: str | None = None
+    streaming: bool | None = None
 
 
 class _Node(_Shape):
@@ -125,33 +224,35 @@ class _Node(_Shape):
     memory_bytes: Quantity | None = None
 
 
-class _Plan(_Shape):
+class PlanHeader(_Shape):
     backend: str | None = None
     nodes: list[_Node] = []
     concurrency: Count | None = None
     placement: str | None = None
     precision: str | None = None
     batch_size: Count | None = None
+    threads_per_trial: Count | None = None
 
 
-class _Rules(_Shape):
+class RulesHeader(_Shape):
     min_accuracy: Fraction | None = None
     official_min_duration_s: Quantity | None = None
     min_precision_bits: Count | None = None
 
 
-class RunStart(_Record):
+class RunStartRecord(Record):
+    type: Literal[RecordType.RUN_START] = RecordType.RUN_START
     run_id: str
-    config: _ConfigHeader = _ConfigHeader()
-    dataset: _DatasetHeader = _DatasetHeader()
-    plan: _Plan = _Plan()
-    rules: _Rules = _Rules()
+    config: ConfigHeader = ConfigHeader()
+    dataset: DatasetHeader = DatasetHeader()
+    plan: PlanHeader = PlanHeader()
+    rules: RulesHeader = RulesHeader()
     versions: dict[str, Any] = {}
     system: dict[str, Any] = {}
     seed_architecture: dict[str, Any] | None = None
 
 
-class _Flops(_Shape):
+class TrialFlops(_Shape):
     forward: Quantity | None = None
     backward: Quantity | None = None
     update_per_step: Quantity | None = None
@@ -159,7 +260,7 @@ class _Flops(_Shape):
     eval_per_image: Quantity | None = None
 
 
-class _Hparams(_Shape):
+class TrialHparams(_Shape):
     learning_rate: Quantity | None = None
     batch_size: Positive | None = None
     weight_decay: Quantity | None = None
@@ -168,7 +269,8 @@ class _Hparams(_Shape):
     epochs: Positive | None = None
 
 
-class TrialStart(_Record):
+class TrialStartRecord(Record):
+    type: Literal[RecordType.TRIAL_START] = RecordType.TRIAL_START
     trial: str
     kind: str
     parent: str | None = None
@@ -177,8 +279,8 @@ class TrialStart(_Record):
     lineage: list[str] = []
     arch_id: str
     graph: dict[str, Any] | None = None
-    hparams: _Hparams = _Hparams()
-    flops: _Flops
+    hparams: TrialHparams = TrialHparams()
+    flops: TrialFlops
     params: Count
     worker: str | None = None
     node: str | None = None
@@ -188,7 +290,8 @@ class TrialStart(_Record):
     info: dict[str, Any] = {}
 
 
-class Epoch(_Record):
+class EpochRecord(Record):
+    type: Literal[RecordType.EPOCH] = RecordType.EPOCH
     trial: str
     epoch: Positive
     attempt: Count = 0
@@ -215,9 +318,10 @@ class Epoch(_Record):
     node: str | None = None
 
 
-class TrialEnd(_Record):
+class TrialEndRecord(Record):
+    type: Literal[RecordType.TRIAL_END] = RecordType.TRIAL_END
     trial: str
-    status: str
+    status: TrialStatusField
     reason: str | None = None
     attempt: Count = 0
     epochs: Count | None = None
@@ -231,7 +335,8 @@ class TrialEnd(_Record):
     requested_batch_size: Positive | None = None
 
 
-class Requeue(_Record):
+class RequeueRecord(Record):
+    type: Literal[RecordType.REQUEUE] = RecordType.REQUEUE
     trial: str
     attempt: Count | None = None
     from_epoch: Count | None = None
@@ -239,11 +344,12 @@ class Requeue(_Record):
     worker: str | None = None
 
 
-class _IdleGaps(_Shape):
+class IdleGaps(_Shape):
     mean_s: Quantity | None = None
 
 
-class Worker(_Record):
+class WorkerRecord(Record):
+    type: Literal[RecordType.WORKER] = RecordType.WORKER
     worker: str
     node: str | None = None
     hostname: str | None = None
@@ -253,7 +359,7 @@ class Worker(_Record):
     compile_s: Quantity | None = None
     busy_fraction: Quantity | None = None
     steady_busy_fraction: Quantity | None = None
-    idle_gaps: _IdleGaps = _IdleGaps()
+    idle_gaps: IdleGaps = IdleGaps()
     decode_threads: Positive | None = None
     precision: str | None = None
     init_s: Quantity | None = None
@@ -261,14 +367,16 @@ class Worker(_Record):
     retired: str | None = None
 
 
-class WorkerFailed(_Record):
+class WorkerFailedRecord(Record):
+    type: Literal[RecordType.WORKER_FAILED] = RecordType.WORKER_FAILED
     worker: str
     node: str | None = None
     hostname: str | None = None
     cause: str
 
 
-class BadImages(_Record):
+class BadImagesRecord(Record):
+    type: Literal[RecordType.BAD_IMAGES] = RecordType.BAD_IMAGES
     trial: str | None = None
     worker: str | None = None
     node: str | None = None
@@ -278,21 +386,24 @@ class BadImages(_Record):
     over_limit: bool = False
 
 
-class Resume(_Record):
+class ResumeRecord(Record):
+    type: Literal[RecordType.RESUME] = RecordType.RESUME
     gap_s: Quantity | None = None
     from_seq: Count | None = None
     plan: dict[str, Any] = {}
     system: dict[str, Any] = {}
 
 
-class RunStop(_Record):
-    status: str
+class RunStopRecord(Record):
+    type: Literal[RecordType.RUN_STOP] = RecordType.RUN_STOP
+    status: RunStatusField
     reason: str | None = None
 
 
-class WeightsFile(_Record):
+class WeightsRecord(Record):
     """A weights file the master wrote (``aiperf audit`` re-evaluates it and checks its hash)."""
 
+    type: Literal[RecordType.WEIGHTS] = RecordType.WEIGHTS
     trial: str
     attempt: Count = 0
     epoch: Positive  # the epoch after which these weights were taken
@@ -301,18 +412,18 @@ class WeightsFile(_Record):
     bytes: Count
 
 
-SHAPES: dict[str, type[_Record]] = {
-    RecordType.RUN_START: RunStart,
-    RecordType.TRIAL_START: TrialStart,
-    RecordType.EPOCH: Epoch,
-    RecordType.TRIAL_END: TrialEnd,
-    RecordType.REQUEUE: Requeue,
-    RecordType.WORKER: Worker,
-    RecordType.RESUME: Resume,
-    RecordType.RUN_STOP: RunStop,
-    RecordType.WORKER_FAILED: WorkerFailed,
-    RecordType.BAD_IMAGES: BadImages,
-    RecordType.WEIGHTS: WeightsFile,
+SHAPES: dict[str, type[Record]] = {
+    RecordType.RUN_START: RunStartRecord,
+    RecordType.TRIAL_START: TrialStartRecord,
+    RecordType.EPOCH: EpochRecord,
+    RecordType.TRIAL_END: TrialEndRecord,
+    RecordType.REQUEUE: RequeueRecord,
+    RecordType.WORKER: WorkerRecord,
+    RecordType.RESUME: ResumeRecord,
+    RecordType.RUN_STOP: RunStopRecord,
+    RecordType.WORKER_FAILED: WorkerFailedRecord,
+    RecordType.BAD_IMAGES: BadImagesRecord,
+    RecordType.WEIGHTS: WeightsRecord,
 }
 
 
@@ -327,23 +438,31 @@ def _field(loc: tuple[Any, ...]) -> str:
     return ".".join(str(p) if isinstance(p, int) or (isinstance(p, str) and len(p) <= 40) else excerpt(p) for p in loc)
 
 
-def record_problem(record: dict[str, Any], index: int = 0) -> str | None:
-    """What is wrong with one record's shape (one line), or None."""
-    rtype = record.get("type")
-    shape = SHAPES.get(rtype, _Record) if isinstance(rtype, str) else _Record
+def _parse(record: dict[str, Any], index: int) -> Record | str:
+    """The record as its model, or what is wrong with it (one line)."""
+    missing = next((name for name in HEADER if name not in record), None)
+    if missing is not None:
+        return f"{_where(record, index)}: {missing}: field required (missing)"
+    rtype = record["type"]
+    shape = SHAPES.get(rtype, Record) if isinstance(rtype, str) else Record
     try:
-        shape.model_validate(record)
+        return shape.model_validate(record)
     except ValidationError as exc:
         err = exc.errors()[0]
         got = "missing" if err["type"] == "missing" else f"got {excerpt(err.get('input'))}"
         return f"{_where(record, index)}: {_field(err['loc'])}: {err['msg'].lower()} ({got})"
-    return None
+
+
+def record_problem(record: dict[str, Any], index: int = 0) -> str | None:
+    """What is wrong with one record's shape (one line), or None."""
+    parsed = _parse(record, index)
+    return parsed if isinstance(parsed, str) else None
 
 
 def shape_problems(records: list[dict[str, Any]], limit: int = 10) -> list[str]:
     """Up to ``limit`` shape problems, in file order (``verify`` lists them)."""
     problems = []
-    if records and records[0].get("type") != "run_start":
+    if records and records[0].get("type") != RecordType.RUN_START:
         problems.append("the ledger does not begin with a run_start record")
     for index, record in enumerate(records):
         problem = record_problem(record, index)
@@ -354,10 +473,16 @@ def shape_problems(records: list[dict[str, Any]], limit: int = 10) -> list[str]:
     return problems
 
 
-def check_shapes(records: list[dict[str, Any]], source: Any = "the ledger") -> None:
-    """Raise :class:`AiperfError` (unreadable input) naming the first malformed record."""
+def parse_records(records: list[dict[str, Any]], source: Any = "the ledger") -> list[Record]:
+    """A ledger's JSON objects as typed records; :class:`AiperfError` names the first malformed one."""
     if not records:
         raise AiperfError(f"{source}: the ledger has no complete record")
-    problems = shape_problems(records, limit=1)
-    if problems:
-        raise AiperfError(f"{source}: {problems[0]}")
+    if records[0].get("type") != RecordType.RUN_START:
+        raise AiperfError(f"{source}: the ledger does not begin with a run_start record")
+    parsed: list[Record] = []
+    for index, record in enumerate(records):
+        result = _parse(record, index)
+        if isinstance(result, str):
+            raise AiperfError(f"{source}: {result}")
+        parsed.append(result)
+    return parsed

@@ -19,20 +19,30 @@ from aiperf.metrics.rules import evaluate_rules
 from aiperf.metrics.score import compute_score, format_ops
 from aiperf.record.files import write_atomic
 from aiperf.record.ledger import LEDGER_NAME, read_ledger
-from aiperf.record.schema import check_shapes
+from aiperf.record.schema import (
+    BadImagesRecord,
+    EpochRecord,
+    Record,
+    RunStartRecord,
+    RunStopRecord,
+    TrialEndRecord,
+    TrialStartRecord,
+    WorkerFailedRecord,
+    WorkerRecord,
+    of_type,
+)
 from aiperf.record.telemetry import read_telemetry, shared_machine_notes, summarize_telemetry
 
 SUMMARY_NAME = "summary.json"
 STARVED_FRACTION = 0.10  # a worker waiting longer than this share of its step time for input is starved
-DATASET_FIELDS = ("name", "train_images", "eval_images", "input_shape", "num_classes", "fingerprint")
 
 
-def _worker_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
-    workers = [r for r in records if r["type"] == "worker"]
-    ends = [r for r in records if r["type"] == "trial_end" and r.get("step_reused") is not None]
-    fractions = [w["busy_fraction"] for w in workers if w.get("busy_fraction") is not None]
-    steady = [w["steady_busy_fraction"] for w in workers if w.get("steady_busy_fraction") is not None]
-    gaps = [w["idle_gaps"]["mean_s"] for w in workers if w.get("idle_gaps", {}).get("mean_s") is not None]
+def _worker_summary(records: list[Record]) -> dict[str, Any]:
+    workers = of_type(records, WorkerRecord)
+    ends = [r for r in of_type(records, TrialEndRecord) if r.step_reused is not None]
+    fractions = [w.busy_fraction for w in workers if w.busy_fraction is not None]
+    steady = [w.steady_busy_fraction for w in workers if w.steady_busy_fraction is not None]
+    gaps = [w.idle_gaps.mean_s for w in workers if w.idle_gaps.mean_s is not None]
     return {
         "count": len(workers),
         "busy_fraction_mean": sum(fractions) / len(fractions) if fractions else None,
@@ -41,38 +51,42 @@ def _worker_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
         "steady_busy_fraction_mean": sum(steady) / len(steady) if steady else None,
         "idle_gap_mean_s": sum(gaps) / len(gaps) if gaps else None,
         # Completed trials whose worker reused a model it had compiled (no tracing, no compiling).
-        "trials_step_reused": sum(1 for r in ends if r["step_reused"]),
+        "trials_step_reused": sum(1 for r in ends if r.step_reused),
         "trials_step_known": len(ends),
         "per_worker": {
-            w["worker"]: {
-                "node": w.get("node"),
-                "busy_fraction": w.get("busy_fraction"),
-                "busy_s": w.get("busy_s"),
-                "compile_s": w.get("compile_s"),
-                "alive_s": w.get("alive_s"),
-                "idle_gap_mean_s": w.get("idle_gaps", {}).get("mean_s"),
+            w.worker: {
+                "node": w.node,
+                "busy_fraction": w.busy_fraction,
+                "busy_s": w.busy_s,
+                "compile_s": w.compile_s,
+                "alive_s": w.alive_s,
+                "idle_gap_mean_s": w.idle_gaps.mean_s,
             }
             for w in workers
         },
     }
 
 
-def _input_summary(start: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, Any]:
+def _storage(start: RunStartRecord) -> str:
+    """How the images were held: ``storage`` where the header says, else from ``streaming`` (older headers)."""
+    dataset = start.dataset
+    return dataset.storage or ("stream" if dataset.streaming else "memory")
+
+
+def _input_summary(start: RunStartRecord, records: list[Record]) -> dict[str, Any]:
     """How long the training loops waited for input, overall and per worker (from the epoch records)."""
-    dataset = start.get("dataset", {})
-    storage = dataset.get("storage") or ("stream" if dataset.get("streaming") else "memory")
-    measured = [r for r in records if r["type"] == "epoch" and r.get("data_wait_s") is not None]
+    measured = [r for r in of_type(records, EpochRecord) if r.data_wait_s is not None]
     per_worker: dict[str, list[float]] = {}
     for r in measured:
-        wait_train = per_worker.setdefault(r.get("worker") or "?", [0.0, 0.0])
-        wait_train[0] += r["data_wait_s"]
-        wait_train[1] += r.get("train_s") or 0.0  # optional in the record's shape
+        wait_train = per_worker.setdefault(r.worker or "?", [0.0, 0.0])
+        wait_train[0] += r.data_wait_s or 0.0  # not None: filtered above
+        wait_train[1] += r.train_s or 0.0  # optional in the record's shape
     wait = sum(w for w, _ in per_worker.values())
     train = sum(t for _, t in per_worker.values())
     fractions = {w: (wt[0] / wt[1] if wt[1] > 0 else None) for w, wt in per_worker.items()}
-    threads = sorted({r["decode_threads"] for r in records if r["type"] == "worker" and r.get("decode_threads")})
+    threads = sorted({w.decode_threads for w in of_type(records, WorkerRecord) if w.decode_threads})
     return {
-        "storage": storage,
+        "storage": _storage(start),
         "epochs_measured": len(measured),
         "data_wait_s": wait,
         "train_s": train,
@@ -84,89 +98,108 @@ def _input_summary(start: dict[str, Any], records: list[dict[str, Any]]) -> dict
     }
 
 
-def _bad_images_summary(start: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, Any]:
+def _bad_images_summary(start: RunStartRecord, records: list[Record]) -> dict[str, Any]:
     """Images skipped because they could not be decoded: at load time (in memory) and on the workers."""
-    dataset = start.get("dataset", {})
-    at_load = dataset.get("bad_images") or {}
+    dataset = start.dataset
+    at_load_count = dataset.bad_images.count if dataset.bad_images is not None else 0
+    at_load_files = dataset.bad_images.files if dataset.bad_images is not None else []
     streamed: list[str] = []
-    for r in records:
-        if r["type"] == "bad_images":
-            streamed.extend(f for f in r.get("files", []) if f not in streamed)
-    count = int(at_load.get("count", 0)) + len(streamed)
-    total = int(dataset.get("train_images") or 0) + int(dataset.get("eval_images") or 0) + int(at_load.get("count", 0))
+    for r in of_type(records, BadImagesRecord):
+        streamed.extend(f for f in r.files if f not in streamed)
+    count = at_load_count + len(streamed)
+    total = (dataset.train_images or 0) + (dataset.eval_images or 0) + at_load_count
     return {
         "count": count,
         "fraction": count / total if total else None,
-        "files": (list(at_load.get("files", [])) + streamed)[:20],
-        "max_fraction": start.get("config", {}).get("dataset", {}).get("max_bad_fraction"),
+        "files": (list(at_load_files) + streamed)[:20],
+        "max_fraction": start.config.dataset.max_bad_fraction,
     }
 
 
-def _start_failures(records: list[dict[str, Any]]) -> dict[str, Any]:
-    failed = [r for r in records if r["type"] == "worker_failed"]
+def _start_failures(records: list[Record]) -> dict[str, Any]:
+    failed = of_type(records, WorkerFailedRecord)
+    first = failed[0] if failed else None
     return {
         "count": len(failed),
-        "first": {k: failed[0].get(k) for k in ("worker", "hostname", "node", "cause")} if failed else None,
+        "first": (
+            {"worker": first.worker, "hostname": first.hostname, "node": first.node, "cause": first.cause}
+            if first is not None
+            else None
+        ),
     }
 
 
-def _device_summary(start: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, Any]:
-    plan = start.get("plan") or {}
-    nodes = plan.get("nodes", [])
+def _device_summary(start: RunStartRecord, records: list[Record]) -> dict[str, Any]:
+    plan = start.plan
     devices: dict[str, int] = {}
-    for w in (r for r in records if r["type"] == "worker"):
-        dev = w.get("device") or {}
-        key = f"{dev.get('kind', '?')}: {dev.get('name', '?')}"
+    for w in of_type(records, WorkerRecord):
+        key = f"{w.device.get('kind', '?')}: {w.device.get('name', '?')}"  # device: as the worker reported it
         devices[key] = devices.get(key, 0) + 1
     return {
-        "nodes": len(nodes),
-        "cpus": sum(n.get("cpus", 0) for n in nodes),
-        "gpus": sum(n.get("gpus", 0) for n in nodes),
-        "accelerators": sorted({n.get("accelerator") for n in nodes if n.get("accelerator")}),
-        "concurrency": plan.get("concurrency"),
-        "placement": plan.get("placement"),
+        "nodes": len(plan.nodes),
+        "cpus": sum(n.cpus for n in plan.nodes),
+        "gpus": sum(n.gpus for n in plan.nodes),
+        "accelerators": sorted({n.accelerator for n in plan.nodes if n.accelerator}),
+        "concurrency": plan.concurrency,
+        "placement": plan.placement,
         "workers_by_device": devices,
     }
 
 
-def summarize(records: list[dict[str, Any]], source: Any = "the ledger") -> dict[str, Any]:
-    """Everything the run claims, derived from its ledger records (checked first: see ``record.schema``)."""
-    check_shapes(records, source)
+def _header(records: list[Record], source: object) -> RunStartRecord:
+    """The ``run_start`` record a ledger begins with (``read_ledger`` refuses any other ledger)."""
+    if not records:
+        raise AiperfError(f"{source}: the ledger has no complete record")
     start = records[0]
+    if not isinstance(start, RunStartRecord):
+        raise AiperfError(f"{source}: the ledger does not begin with a run_start record")
+    return start
+
+
+def summarize(records: list[Record], source: object = "the ledger") -> dict[str, Any]:
+    """Everything the run claims, derived from its ledger records (as ``read_ledger`` returns them)."""
+    start = _header(records, source)
     score = compute_score(records)
     verdict = evaluate_rules(records, score)
-    ends = [r for r in records if r["type"] == "trial_end"]
-    starts = [r for r in records if r["type"] == "trial_start"]
-    epochs = [r for r in records if r["type"] == "epoch"]
-    stops = [r for r in records if r["type"] == "run_stop"]
+    ends = of_type(records, TrialEndRecord)
+    starts = of_type(records, TrialStartRecord)
+    epochs = of_type(records, EpochRecord)
+    stops = of_type(records, RunStopRecord)
     statuses: dict[str, int] = {}
     for r in ends:
-        statuses[r["status"]] = statuses.get(r["status"], 0) + 1
-    best = max(epochs, key=lambda r: (r["val_acc"], -r["seq"]), default=None)
+        statuses[r.status.value] = statuses.get(r.status.value, 0) + 1
+    best = max(epochs, key=lambda r: (r.val_acc, -r.seq), default=None)
     best_trial = None
     if best is not None:
-        ts = next((r for r in starts if r["trial"] == best["trial"]), None)
+        ts = next((r for r in starts if r.trial == best.trial), None)
         if ts is None:
-            raise AiperfError(f"the ledger's best epoch (seq {best['seq']}) belongs to a trial that never started")
+            raise AiperfError(f"the ledger's best epoch (seq {best.seq}) belongs to a trial that never started")
         best_trial = {
-            "trial": best["trial"],
-            "epoch": best["epoch"],
-            "val_acc": best["val_acc"],
-            "arch_id": ts["arch_id"],
-            "params": ts["params"],
-            "kind": ts["kind"],
-            "lineage": ts.get("lineage", []),
-            "flops_train_per_image": ts["flops"]["train_per_image"],
+            "trial": best.trial,
+            "epoch": best.epoch,
+            "val_acc": best.val_acc,
+            "arch_id": ts.arch_id,
+            "params": ts.params,
+            "kind": ts.kind,
+            "lineage": ts.lineage,
+            "flops_train_per_image": ts.flops.train_per_image,
         }
-    precisions = sorted({r["precision"] for r in epochs})
-    dataset, plan = start.get("dataset") or {}, start.get("plan") or {}
+    precisions = sorted({r.precision for r in epochs})
+    dataset, plan = start.dataset, start.plan
     return {
-        "run_id": start["run_id"],
-        "name": _run_section(start).get("name"),
-        "status": stops[-1]["status"] if stops else "running or killed",
-        "stop_reason": stops[-1].get("reason") if stops else "no run_stop record: the master was killed",
-        "dataset": {k: dataset.get(k) for k in DATASET_FIELDS},
-        "backend": plan.get("backend"),
+        "run_id": start.run_id,
+        "name": start.config.run.name,
+        "status": stops[-1].status.value if stops else "running or killed",
+        "stop_reason": stops[-1].reason if stops else "no run_stop record: the master was killed",
+        "dataset": {
+            "name": dataset.name,
+            "train_images": dataset.train_images,
+            "eval_images": dataset.eval_images,
+            "input_shape": dataset.input_shape,
+            "num_classes": dataset.num_classes,
+            "fingerprint": dataset.fingerprint,
+        },
+        "backend": plan.backend,
         "precision": precisions,
         "devices": _device_summary(start, records),
         "score": {
@@ -177,9 +210,9 @@ def summarize(records: list[dict[str, Any]], source: Any = "the ledger") -> dict
         },
         "verdict": {**verdict.to_dict(), "headline": verdict.headline()},
         "trials": {
-            "started": len({r["trial"] for r in starts}),
+            "started": len({r.trial for r in starts}),
             "by_status": statuses,
-            "distinct_architectures": len({r["arch_id"] for r in starts}),
+            "distinct_architectures": len({r.arch_id for r in starts}),
             "epochs_counted": len(epochs),
         },
         "best": best_trial,
@@ -187,22 +220,18 @@ def summarize(records: list[dict[str, Any]], source: Any = "the ledger") -> dict
         "input": _input_summary(start, records),
         "bad_images": _bad_images_summary(start, records),
         "worker_start_failures": _start_failures(records),
-        "ledger": {"records": len(records), "last_hash": records[-1]["hash"]},
+        "ledger": {"records": len(records), "last_hash": records[-1].hash},
     }
 
 
-def _run_section(start: dict[str, Any]) -> dict[str, Any]:
-    return (start.get("config") or {}).get("run") or {}
-
-
-def build_summary(run_dir: str | Path, records: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def build_summary(run_dir: str | Path, records: list[Record] | None = None) -> dict[str, Any]:
     """The summary of ``run_dir``: :func:`summarize` of its ledger plus its telemetry, if it has any."""
     run_dir = Path(run_dir)
     records = read_ledger(run_dir) if records is None else records
     summary = summarize(records, run_dir / LEDGER_NAME)
     samples = read_telemetry(run_dir)
     if samples:
-        interval = _run_section(records[0]).get("telemetry_interval_s")
+        interval = _header(records, run_dir / LEDGER_NAME).config.run.telemetry_interval_s
         summary["telemetry"] = summarize_telemetry(samples, summary["score"]["total_ops"], interval)
         notes = shared_machine_notes(summary["telemetry"])
         if notes:  # additive: the rules' verdict stands; the notes say what it was measured beside

@@ -25,27 +25,45 @@ keeps every derived fact consistent has invented a run that could have happened,
 re-running it tells. Publish ``summary.json``'s ``ledger.last_hash`` with a result to pin the
 ledger down.
 
-Before checks 2-4 every record's shape is checked (``aiperf.record.schema``): a record with
-a string where a number belongs fails verification there, by name, instead of crashing a
-later check. Input that cannot be read as a ledger at all (no such directory, a line that
-is not JSON, nesting too deep to parse) raises :class:`~aiperf.errors.AiperfError`, which
-the CLI reports with exit code 2; a failed check is exit code 1.
+Check 1 reads the ledger's JSON objects as they are, so it can name any damage. Before checks
+2-4 every record's shape is checked (``aiperf.record.schema``): a record with a string where a
+number belongs fails verification there, by name, instead of crashing a later check; once every
+shape is right, checks 2-4 work on the typed records. Input that cannot be read as a ledger at
+all (no such directory, a line that is not JSON, nesting too deep to parse) raises
+:class:`~aiperf.errors.AiperfError`, which the CLI reports with exit code 2; a failed check is
+exit code 1.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Generic, cast
 
 from aiperf.errors import AiperfError, excerpt
 from aiperf.metrics.flops import GraphCost, aiperf_compatible_operations, count_flops, epoch_operations
 from aiperf.metrics.score import format_ops
-from aiperf.metrics.workloads import mapping
 from aiperf.record.files import read_regular
 from aiperf.record.ledger import read_ledger_contents, record_hash
-from aiperf.record.schema import shape_problems
+from aiperf.record.schema import (
+    EpochRecord,
+    Record,
+    RecordT,
+    RecordType,
+    RequeueRecord,
+    ResumeRecord,
+    RunStartRecord,
+    RunStatus,
+    RunStopRecord,
+    TrialEndRecord,
+    TrialStartRecord,
+    WorkerRecord,
+    of_type,
+    parse_records,
+    shape_problems,
+)
 from aiperf.record.summary import SUMMARY_NAME, build_summary
 from aiperf.record.telemetry import read_telemetry
 from nas.errors import NasError
@@ -57,17 +75,23 @@ MAX_LISTED = 10
 MAX_SUMMARY_BYTES = 16 * 1024 * 1024  # a real summary.json is a few kilobytes
 
 
-def describe(record: dict[str, Any]) -> str:
-    """``seq 12 (epoch t00003 epoch 2)``: how a message points at a record."""
-    what = [_label(record.get("type", "?"))]
-    if "trial" in record:
-        what.append(_label(record["trial"]))
-    if record.get("type") == "epoch" and "epoch" in record:
-        what.append(f"epoch {_label(record['epoch'])}")
-    return f"seq {_label(record.get('seq', '?'))} ({' '.join(what)})"
+def describe(record: Record | dict[str, Any]) -> str:
+    """``seq 12 (epoch t00003 epoch 2)``: how a message points at a record.
+
+    A record is named by the fields it was written with: the chain check describes raw JSON
+    objects (their shapes unchecked), the later checks typed records, and both must name a
+    record alike, down to the ``trial`` a record of an unknown type may carry.
+    """
+    fields = record.to_dict() if isinstance(record, Record) else record
+    what = [_label(fields.get("type", "?"))]
+    if "trial" in fields:
+        what.append(_label(fields["trial"]))
+    if fields.get("type") == RecordType.EPOCH and "epoch" in fields:
+        what.append(f"epoch {_label(fields['epoch'])}")
+    return f"seq {_label(fields.get('seq', '?'))} ({' '.join(what)})"
 
 
-def _label(value: Any) -> str:
+def _label(value: object) -> str:
     """A field as it appears in a message: itself when short and printable, else an excerpt."""
     text = value if isinstance(value, str) else None
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) < 10**15:
@@ -75,7 +99,7 @@ def _label(value: Any) -> str:
     return text if text is not None and text.isprintable() and len(text) <= 40 else excerpt(value)
 
 
-def _close(a: Any, b: Any) -> bool:
+def _close(a: object, b: object) -> bool:
     if isinstance(a, bool) or isinstance(b, bool):
         return a is b
     if isinstance(a, (int, float)) and isinstance(b, (int, float)):
@@ -87,7 +111,11 @@ def _close(a: Any, b: Any) -> bool:
 
 
 def check_chain(records: list[dict[str, Any]]) -> list[str]:
-    """Sequence numbers, ``prev`` links and each record's own hash, in file order."""
+    """Sequence numbers, ``prev`` links and each record's own hash, in file order.
+
+    It takes the ledger's JSON objects, shapes unchecked: a record too damaged to read as its
+    model still has a place in the chain, and the hash covers exactly the bytes written.
+    """
     problems = []
     seqs = [r.get("seq") for r in records]
     for line, rec in enumerate(records):
@@ -114,27 +142,25 @@ def check_chain(records: list[dict[str, Any]]) -> list[str]:
 # --- 2. bookkeeping ---------------------------------------------------------------------------
 
 
-def check_bookkeeping(records: list[dict[str, Any]]) -> list[str]:
+def check_bookkeeping(records: list[Record]) -> list[str]:
     problems = []
-    if not records or records[0].get("type") != "run_start":
+    if not records or not isinstance(records[0], RunStartRecord):
         return ["the ledger does not begin with a run_start record"]
-    started: set[Any] = set()
-    counted: set[tuple[Any, Any, Any]] = set()
-    last_t = -math.inf
+    started: set[str] = set()
+    counted: set[tuple[str, int, int]] = set()
+    last_t: float = -math.inf
     for rec in records:
-        t = rec.get("t")
-        if not isinstance(t, (int, float)):
-            problems.append(f"{describe(rec)}: no master-clock time 't'")
-        elif t < last_t:
-            problems.append(f"{describe(rec)}: t={t} is earlier than the record before it ({last_t})")
+        # Every record has a number 't' (its model requires one): only its order is left to check.
+        if rec.t < last_t:
+            problems.append(f"{describe(rec)}: t={rec.t} is earlier than the record before it ({last_t})")
         else:
-            last_t = t
-        if rec.get("type") == "trial_start":
-            started.add(rec.get("trial"))
-        elif rec.get("type") == "epoch":
-            if rec.get("trial") not in started:
+            last_t = rec.t
+        if isinstance(rec, TrialStartRecord):
+            started.add(rec.trial)
+        elif isinstance(rec, EpochRecord):
+            if rec.trial not in started:
                 problems.append(f"{describe(rec)}: an epoch of a trial that never started")
-            key = (rec.get("trial"), rec.get("attempt", 0), rec.get("epoch"))
+            key = (rec.trial, rec.attempt, rec.epoch)
             if key in counted:
                 problems.append(f"{describe(rec)}: this epoch of this attempt is counted twice")
             counted.add(key)
@@ -148,9 +174,21 @@ TIME_ABS_TOL_S = 2.0  # ... and the master notices a worker's event a little aft
 WALL_REL_TOL, WALL_ABS_TOL_S = 0.01, 5.0  # monotonic vs wall clock: NTP slews (< 0.05 %), a small step
 SUM_REL_TOL = 1e-6  # a worker's busy_s is the master's running sum of its epochs' train_s + eval_s
 
+# Record types with no consistency check of their own, and why. Every other RecordType has an
+# entry in _Consistency.checks; a test holds the two together, so a record type that is added
+# or renamed cannot leave its check silently switched off.
+UNCHECKED_TYPES: frozenset[RecordType] = frozenset(
+    {
+        RecordType.RUN_START,  # the first one opens the run (bookkeeping requires it there) and its session
+        RecordType.WORKER_FAILED,  # a worker that could not start: no other record counts on it
+        RecordType.BAD_IMAGES,  # the files a worker skipped: each epoch's skipped_images is checked instead
+        RecordType.WEIGHTS,  # a file beside the ledger: `aiperf audit` checks its hash and re-evaluates it
+    }
+)
 
-def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+def _float(value: float | None) -> float | None:
+    return None if value is None else float(value)
 
 
 def _longer(measured: float, bound: float) -> bool:
@@ -158,46 +196,65 @@ def _longer(measured: float, bound: float) -> bool:
     return measured > bound * (1 + TIME_REL_TOL) + TIME_ABS_TOL_S
 
 
+class _Check(Generic[RecordT]):
+    """One record type's consistency check, given records of that type's model only."""
+
+    def __init__(self, model: type[RecordT], check: Callable[[RecordT], None]) -> None:
+        self.model = model
+        self.check = check
+
+    def __call__(self, record: Record) -> None:
+        if isinstance(record, self.model):
+            self.check(record)
+
+
 class _Consistency:
     """One pass over the ledger, in order; every check is something the recorded facts imply."""
 
-    def __init__(self, records: list[dict[str, Any]]) -> None:
-        self.records = records
-        start = records[0]
-        dataset = mapping(start.get("dataset"))
-        self.train_size = dataset.get("train_images")
-        self.eval_size = dataset.get("eval_images")
-        self.simulated = mapping(start.get("plan")).get("backend") == "simulated"
+    def __init__(self, start: RunStartRecord, rest: list[Record]) -> None:
+        self.start = start
+        self.rest = rest
+        self.train_size = start.dataset.train_images
+        self.eval_size = start.dataset.eval_images
+        self.simulated = start.plan.backend == "simulated"
         self.problems: list[str] = []
-        self.current: dict[Any, dict[str, Any]] = {}  # trial -> its latest trial_start
-        self.ended: dict[Any, dict[str, Any]] = {}  # trial -> its trial_end
-        self.requeued: dict[Any, Any] = {}  # trial -> the attempt its last requeue announced
-        self.done: dict[Any, int] = {}  # trial -> epochs completed (what trial_end.epochs must say)
-        self.best: dict[Any, float] = {}  # trial -> best val_acc of its epochs
-        self.next_epoch: dict[Any, int] = {}  # trial -> the epoch number its next epoch record must have
-        self.stopped: dict[str, Any] | None = None  # the run_stop of the session, until a resume
+        self.current: dict[str, TrialStartRecord] = {}  # trial -> its latest trial_start
+        self.ended: dict[str, TrialEndRecord] = {}  # trial -> its trial_end
+        self.requeued: dict[str, int | None] = {}  # trial -> the attempt its last requeue announced
+        self.done: dict[str, int] = {}  # trial -> epochs completed (what trial_end.epochs must say)
+        self.best: dict[str, float] = {}  # trial -> best val_acc of its epochs
+        self.next_epoch: dict[str, int] = {}  # trial -> the epoch number its next epoch record must have
+        self.stopped: RunStopRecord | None = None  # the run_stop of the session, until a resume
+        # Each record type's check; UNCHECKED_TYPES lists the types deliberately without one.
+        self.checks: dict[RecordType, Callable[[Record], None]] = {
+            RecordType.RESUME: _Check(ResumeRecord, self._resume),
+            RecordType.RUN_STOP: _Check(RunStopRecord, self._run_stop),
+            RecordType.TRIAL_START: _Check(TrialStartRecord, self._trial_start),
+            RecordType.REQUEUE: _Check(RequeueRecord, self._requeue),
+            RecordType.TRIAL_END: _Check(TrialEndRecord, self._trial_end),
+            RecordType.EPOCH: _Check(EpochRecord, self._epoch),
+            RecordType.WORKER: _Check(WorkerRecord, self._worker),
+        }
         self._new_session(start)
 
-    def _new_session(self, rec: dict[str, Any]) -> None:
-        self.session_t0 = float(rec.get("t") or 0.0)
-        self.busy: dict[Any, float] = {}  # worker -> train_s + eval_s of its epochs this session
-        self.worker_records: set[Any] = set()
+    def _new_session(self, rec: RunStartRecord | ResumeRecord) -> None:
+        self.session_t0 = float(rec.t)
+        self.busy: dict[str | None, float] = {}  # worker -> train_s + eval_s of its epochs this session
+        self.worker_records: set[str] = set()
 
-    def add(self, rec: dict[str, Any], problem: str) -> None:
+    def add(self, rec: Record, problem: str) -> None:
         self.problems.append(f"{describe(rec)}: {problem}")
 
     def run(self) -> list[str]:
         self._wall_clock()
-        for rec in self.records[1:]:
-            kind = rec.get("type")
-            if self.stopped is not None and kind != "resume":
-                self.add(
-                    rec, f"a record after the run_stop at seq {self.stopped.get('seq')} (only a resume may follow)"
-                )
+        for rec in self.rest:
+            if self.stopped is not None and not isinstance(rec, ResumeRecord):
+                self.add(rec, f"a record after the run_stop at seq {self.stopped.seq} (only a resume may follow)")
                 self.stopped = None  # report the first such record only
-            handler = getattr(self, f"_{kind}", None)
-            if handler is not None:
-                handler(rec)
+            # A record of a type this version does not know is a plain Record with a str type: no check.
+            check = self.checks.get(rec.type) if isinstance(rec.type, RecordType) else None
+            if check is not None:
+                check(rec)
         return self.problems
 
     def _wall_clock(self) -> None:
@@ -205,14 +262,9 @@ class _Consistency:
         whose gap is counted in ``t``). A simulated run's ``t`` skips the waiting, so it is exempt."""
         if self.simulated:
             return
-        t0, wall0 = _num(self.records[0].get("t")), _num(self.records[0].get("wall"))
-        if t0 is None or wall0 is None:
-            return
-        for rec in self.records[1:]:
-            t, wall = _num(rec.get("t")), _num(rec.get("wall"))
-            if t is None or wall is None:
-                continue
-            elapsed_t, elapsed_wall = t - t0, wall - wall0
+        t0, wall0 = float(self.start.t), float(self.start.wall)
+        for rec in self.rest:
+            elapsed_t, elapsed_wall = float(rec.t) - t0, float(rec.wall) - wall0
             if abs(elapsed_t - elapsed_wall) > WALL_REL_TOL * abs(elapsed_wall) + WALL_ABS_TOL_S:
                 self.add(
                     rec,
@@ -221,105 +273,95 @@ class _Consistency:
                 )
                 return  # one is enough: every later record repeats it
 
-    def _resume(self, rec: dict[str, Any]) -> None:
+    def _resume(self, rec: ResumeRecord) -> None:
         self.stopped = None
         self._new_session(rec)
 
-    def _run_stop(self, rec: dict[str, Any]) -> None:
+    def _run_stop(self, rec: RunStopRecord) -> None:
         self.stopped = rec
-        if rec.get("status") == "failed":
+        if rec.status is RunStatus.FAILED:
             return  # a master that raised stops without closing its trials; a resume closes them as lost
         for trial, start in self.current.items():
             if trial not in self.ended:
-                self.add(rec, f"trial {_label(trial)} (started at seq {start.get('seq')}) never ended")
+                self.add(rec, f"trial {_label(trial)} (started at seq {start.seq}) never ended")
 
-    def _trial_start(self, rec: dict[str, Any]) -> None:
-        trial, attempt = rec.get("trial"), rec.get("attempt", 0)
+    def _trial_start(self, rec: TrialStartRecord) -> None:
+        trial, attempt = rec.trial, rec.attempt
         if trial in self.ended:
-            self.add(rec, f"the trial already ended at seq {self.ended[trial].get('seq')}")
+            self.add(rec, f"the trial already ended at seq {self.ended[trial].seq}")
         previous = self.current.get(trial)
-        if previous is not None and previous.get("attempt", 0) == attempt:
-            self.add(rec, f"attempt {attempt} of this trial already started at seq {previous.get('seq')}")
+        if previous is not None and previous.attempt == attempt:
+            self.add(rec, f"attempt {attempt} of this trial already started at seq {previous.seq}")
         elif attempt and self.requeued.get(trial) != attempt:
             self.add(rec, f"attempt {attempt} without a requeue record announcing it")
         elif not attempt and previous is not None:
-            self.add(rec, f"the trial already started at seq {previous.get('seq')}")
+            self.add(rec, f"the trial already started at seq {previous.seq}")
         self.current[trial] = rec
-        first = int(rec.get("start_epoch") or 0)
+        first = rec.start_epoch
         if attempt and first != self.done.get(trial, 0):
             self.add(rec, f"start_epoch {first} but the requeue kept {self.done.get(trial, 0)} epochs")
         self.done[trial] = first
         self.next_epoch[trial] = first + 1
 
-    def _requeue(self, rec: dict[str, Any]) -> None:
-        trial = rec.get("trial")
+    def _requeue(self, rec: RequeueRecord) -> None:
+        trial = rec.trial
         start = self.current.get(trial)
         if start is None or trial in self.ended:
             self.add(rec, "a requeue of a trial that is not running")
             return
-        if rec.get("attempt") != start.get("attempt", 0) + 1:
-            self.add(rec, f"attempt {rec.get('attempt')} does not follow attempt {start.get('attempt', 0)}")
-        kept = rec.get("from_epoch")
-        if isinstance(kept, int) and kept not in (0, self.done.get(trial, 0)):
+        if rec.attempt != start.attempt + 1:
+            self.add(rec, f"attempt {rec.attempt} does not follow attempt {start.attempt}")
+        kept = rec.from_epoch
+        if kept is not None and kept not in (0, self.done.get(trial, 0)):
             self.add(rec, f"from_epoch {kept} but the trial had completed {self.done.get(trial, 0)} epochs")
-        self.requeued[trial] = rec.get("attempt")
-        self.done[trial] = kept if isinstance(kept, int) else 0
+        self.requeued[trial] = rec.attempt
+        self.done[trial] = kept if kept is not None else 0
 
-    def _trial_end(self, rec: dict[str, Any]) -> None:
-        trial = rec.get("trial")
+    def _trial_end(self, rec: TrialEndRecord) -> None:
+        trial = rec.trial
         if trial in self.ended:
-            self.add(rec, f"the trial already ended at seq {self.ended[trial].get('seq')}")
+            self.add(rec, f"the trial already ended at seq {self.ended[trial].seq}")
             return
         self.ended[trial] = rec
         if trial not in self.current:
             return  # a trial that never started has nothing to be consistent with (bookkeeping names it)
-        epochs = rec.get("epochs")
-        if isinstance(epochs, int) and epochs != self.done.get(trial, 0):
+        epochs = rec.epochs
+        if epochs is not None and epochs != self.done.get(trial, 0):
             self.add(rec, f"epochs is {epochs} but the ledger records {self.done.get(trial, 0)} completed epochs")
-        best = _num(rec.get("best_val_acc"))
+        best = _float(rec.best_val_acc)
         if best is not None and not _close(best, self.best.get(trial)):
             self.add(rec, f"best_val_acc is {best!r} but the trial's epochs give {self.best.get(trial)!r}")
 
-    def _epoch(self, rec: dict[str, Any]) -> None:
-        trial = rec.get("trial")
+    def _epoch(self, rec: EpochRecord) -> None:
+        trial = rec.trial
         start = self.current.get(trial)
         if start is None:
             return  # bookkeeping reports an epoch of a trial that never started
         if trial in self.ended:
-            self.add(rec, f"an epoch after the trial ended at seq {self.ended[trial].get('seq')}")
-        if rec.get("attempt", 0) != start.get("attempt", 0):
-            self.add(rec, f"attempt {rec.get('attempt', 0)}, but the trial runs attempt {start.get('attempt', 0)}")
-        if start.get("worker") and rec.get("worker") and rec.get("worker") != start.get("worker"):
-            self.add(
-                rec, f"trained on worker {_label(rec['worker'])}, but the attempt started on {_label(start['worker'])}"
-            )
-        epoch = rec.get("epoch")
+            self.add(rec, f"an epoch after the trial ended at seq {self.ended[trial].seq}")
+        if rec.attempt != start.attempt:
+            self.add(rec, f"attempt {rec.attempt}, but the trial runs attempt {start.attempt}")
+        if start.worker and rec.worker and rec.worker != start.worker:
+            self.add(rec, f"trained on worker {_label(rec.worker)}, but the attempt started on {_label(start.worker)}")
+        epoch = rec.epoch
         if epoch != self.next_epoch.get(trial):
             self.add(rec, f"epoch {epoch} where epoch {self.next_epoch.get(trial)} comes next")
-        planned = (start.get("hparams") or {}).get("epochs")
-        if isinstance(planned, int) and isinstance(epoch, int) and epoch > planned:
+        planned = start.hparams.epochs
+        if planned is not None and epoch > planned:
             self.add(rec, f"epoch {epoch} of a trial planned for {planned} epochs")
-        if isinstance(epoch, int):
-            self.next_epoch[trial] = epoch + 1
-            self.done[trial] = epoch
-        acc = _num(rec.get("val_acc"))
-        if acc is not None:
-            self.best[trial] = max(self.best.get(trial, acc), acc)
+        self.next_epoch[trial] = epoch + 1
+        self.done[trial] = epoch
+        acc = float(rec.val_acc)
+        self.best[trial] = max(self.best.get(trial, acc), acc)
         self._images(rec)
         self._clock(rec)
 
-    def _images(self, rec: dict[str, Any]) -> None:
+    def _images(self, rec: EpochRecord) -> None:
         """Images per epoch against the split sizes in run_start: the trainer feeds full batches only."""
-        values = (
-            rec.get("train_images"),
-            rec.get("eval_images"),
-            rec.get("batch_size"),
-            self.train_size,
-            self.eval_size,
-        )
-        if not all(isinstance(v, int) for v in values):
+        train, evaluation, batch = rec.train_images, rec.eval_images, rec.batch_size
+        train_size, eval_size = self.train_size, self.eval_size
+        if train is None or evaluation is None or batch is None or train_size is None or eval_size is None:
             return
-        train, evaluation, batch, train_size, eval_size = cast(tuple[int, int, int, int, int], values)
         if train > train_size or evaluation > eval_size:
             self.add(
                 rec,
@@ -327,7 +369,7 @@ class _Consistency:
                 f"({train_size:,} / {eval_size:,} in run_start)",
             )
             return
-        if rec.get("input") == "simulated" or self.simulated:
+        if rec.input == "simulated" or self.simulated:
             if not self.simulated:
                 self.add(rec, "input 'simulated' in a run whose backend is not simulated")
             return
@@ -336,7 +378,7 @@ class _Consistency:
         # Every full batch of the split is trained, every validation image evaluated; only images that
         # could not be decoded (skipped_images) and the last partial training batch are left out.
         missing = (train_size - train) + (eval_size - evaluation)
-        allowed = int(rec.get("skipped_images") or 0) + batch - 1
+        allowed = rec.skipped_images + batch - 1
         if missing > allowed:
             self.add(
                 rec,
@@ -345,12 +387,12 @@ class _Consistency:
                 "partial batch and the skipped images)",
             )
 
-    def _clock(self, rec: dict[str, Any]) -> None:
+    def _clock(self, rec: EpochRecord) -> None:
         """A worker cannot have spent more time in steps since its session began than the master clock shows."""
-        worker = rec.get("worker")
-        step = (_num(rec.get("train_s")) or 0.0) + (_num(rec.get("eval_s")) or 0.0)
+        worker = rec.worker
+        step = (_float(rec.train_s) or 0.0) + (_float(rec.eval_s) or 0.0)
         self.busy[worker] = self.busy.get(worker, 0.0) + step
-        elapsed = float(rec.get("t") or 0.0) - self.session_t0
+        elapsed = float(rec.t) - self.session_t0
         if _longer(self.busy[worker], elapsed):
             self.add(
                 rec,
@@ -358,107 +400,107 @@ class _Consistency:
                 f"but only {elapsed:.1f} s passed on the master clock since its session began",
             )
 
-    def _worker(self, rec: dict[str, Any]) -> None:
-        worker = rec.get("worker")
+    def _worker(self, rec: WorkerRecord) -> None:
+        worker = rec.worker
         if worker in self.worker_records:
             self.add(rec, "a second worker record for this worker in one session")
         self.worker_records.add(worker)
-        busy, alive = _num(rec.get("busy_s")), _num(rec.get("alive_s"))
+        busy, alive = _float(rec.busy_s), _float(rec.alive_s)
         expected = self.busy.get(worker, 0.0)
         if busy is not None and not math.isclose(busy, expected, rel_tol=SUM_REL_TOL, abs_tol=1e-6):
             self.add(rec, f"busy_s is {busy!r} but its epochs' train_s + eval_s add up to {expected!r}")
         if busy is not None and alive is not None and _longer(busy, alive):
             self.add(rec, f"busy {busy:.1f} s is longer than its lifetime of {alive:.1f} s")
-        elapsed = float(rec.get("t") or 0.0) - self.session_t0
+        elapsed = float(rec.t) - self.session_t0
         if alive is not None and _longer(alive, elapsed):
             self.add(rec, f"alive {alive:.1f} s, but only {elapsed:.1f} s passed on the master clock in its session")
 
 
-def check_consistency(records: list[dict[str, Any]]) -> list[str]:
+def check_consistency(records: list[Record]) -> list[str]:
     """Facts the ledger implies about itself: images per epoch, time, trial and session structure."""
-    if not records or records[0].get("type") != "run_start":
+    if not records or not isinstance(records[0], RunStartRecord):
         return []  # bookkeeping reports it
-    return _Consistency(records).run()
+    return _Consistency(records[0], records[1:]).run()
 
 
 # --- 3. operation counts ----------------------------------------------------------------------
 
 
-def _field_mismatch(rec: dict[str, Any], name: str, recorded: Any, recomputed: Any) -> str:
+def _field_mismatch(rec: Record, name: str, recorded: object, recomputed: object) -> str:
     return f"{describe(rec)}: {name} is {recorded!r} but the stored architecture gives {recomputed!r}"
 
 
-def check_flops(records: list[dict[str, Any]]) -> tuple[list[str], int]:
+def check_flops(records: list[Record]) -> tuple[list[str], int]:
     """Recount every trial's FLOPs and every epoch's operations; returns (problems, trials checked)."""
     problems: list[str] = []
-    costs: dict[Any, tuple[Graph, GraphCost]] = {}  # per trial, from its latest trial_start
+    costs: dict[str, tuple[Graph, GraphCost]] = {}  # per trial, from its latest trial_start
     cache: dict[str, tuple[Graph, GraphCost]] = {}  # per architecture document
     for rec in records:
-        if rec.get("type") == "trial_start":
+        if isinstance(rec, TrialStartRecord):
             try:
-                doc = rec.get("graph")
-                key = json.dumps(doc, sort_keys=True)
+                key = json.dumps(rec.graph, sort_keys=True)
                 if key not in cache:
-                    graph = graph_from_dict(doc)
+                    graph = graph_from_dict(rec.graph)
                     cache[key] = (graph, count_flops(graph))
                 graph, cost = cache[key]
             except (NasError, AiperfError, TypeError, ValueError) as exc:
                 problems.append(f"{describe(rec)}: the stored architecture is not readable ({exc})")
                 continue
-            costs[rec.get("trial")] = (graph, cost)
+            costs[rec.trial] = (graph, cost)
             problems.extend(_check_trial_start(rec, graph, cost))
-        elif rec.get("type") == "epoch" and rec.get("trial") in costs:
-            problems.extend(_check_epoch(rec, *costs[rec["trial"]]))
+        elif isinstance(rec, EpochRecord) and rec.trial in costs:
+            problems.extend(_check_epoch(rec, *costs[rec.trial]))
     return problems, len(costs)
 
 
-def _check_trial_start(rec: dict[str, Any], graph: Graph, cost: GraphCost) -> list[str]:
+def _check_trial_start(rec: TrialStartRecord, graph: Graph, cost: GraphCost) -> list[str]:
     # arch_id is a grouping label whose hash recipe may change between versions: not a claim checked here.
     problems = []
-    if rec.get("params") != graph.param_count:
-        problems.append(_field_mismatch(rec, "params", rec.get("params"), graph.param_count))
-    flops = mapping(rec.get("flops"))
-    expected = {
-        "forward": cost.forward,
-        "backward": cost.backward,
-        "update_per_step": cost.update_per_step,
-        "eval_per_image": cost.eval_per_image,
-    }
-    batch: Any = mapping(rec.get("hparams")).get("batch_size")  # checked by train_per_image itself
+    if rec.params != graph.param_count:
+        problems.append(_field_mismatch(rec, "params", rec.params, graph.param_count))
+    flops = rec.flops
+    expected: list[tuple[str, float | None, float]] = [
+        ("forward", flops.forward, cost.forward),
+        ("backward", flops.backward, cost.backward),
+        ("update_per_step", flops.update_per_step, cost.update_per_step),
+        ("eval_per_image", flops.eval_per_image, cost.eval_per_image),
+    ]
+    batch = cast(int, rec.hparams.batch_size)  # a missing one is refused by train_per_image, by name
     try:
-        expected["train_per_image"] = cost.train_per_image(batch)
+        expected.append(("train_per_image", flops.train_per_image, cost.train_per_image(batch)))
     except AiperfError as exc:
         problems.append(f"{describe(rec)}: hparams.batch_size: {exc}")
-    for name, value in expected.items():
-        if not _close(flops.get(name), value):
-            problems.append(_field_mismatch(rec, f"flops.{name}", flops.get(name), value))
+    for name, recorded, value in expected:
+        if not _close(recorded, value):
+            problems.append(_field_mismatch(rec, f"flops.{name}", recorded, value))
     return problems
 
 
-def _check_epoch(rec: dict[str, Any], graph: Graph, cost: GraphCost) -> list[str]:
-    images: Any = (rec.get("train_images"), rec.get("eval_images"))  # checked by the counting functions
-    batch: Any = rec.get("batch_size")
+def _check_epoch(rec: EpochRecord, graph: Graph, cost: GraphCost) -> list[str]:
+    # A missing count or batch size is refused by the counting functions themselves, by name.
+    train_images, eval_images = cast(int, rec.train_images), cast(int, rec.eval_images)
+    batch = cast(int, rec.batch_size)
     try:
-        train, evaluation = epoch_operations(cost, images[0], images[1], batch)
-        aiperf = aiperf_compatible_operations(graph, images[0], images[1])
+        train, evaluation = epoch_operations(cost, train_images, eval_images, batch)
+        aiperf = aiperf_compatible_operations(graph, train_images, eval_images)
     except (AiperfError, TypeError) as exc:
         return [f"{describe(rec)}: its image counts or batch size are unusable ({exc})"]
     problems = []
-    for name, value in (
-        ("train_ops", train),
-        ("eval_ops", evaluation),
-        ("ops", train + evaluation),
-        ("aiperf_ops", aiperf),
+    for name, recorded, value in (
+        ("train_ops", rec.train_ops, train),
+        ("eval_ops", rec.eval_ops, evaluation),
+        ("ops", rec.ops, train + evaluation),
+        ("aiperf_ops", rec.aiperf_ops, aiperf),
     ):
-        if not _close(rec.get(name), value):
-            problems.append(_field_mismatch(rec, name, rec.get(name), value))
+        if not _close(recorded, value):
+            problems.append(_field_mismatch(rec, name, recorded, value))
     return problems
 
 
 # --- 4. the claims ----------------------------------------------------------------------------
 
 
-def diff(recorded: Any, recomputed: Any, path: str = "") -> list[str]:
+def diff(recorded: object, recomputed: object, path: str = "") -> list[str]:
     """Every place where ``recorded`` (summary.json) differs from ``recomputed``, as dotted paths."""
     if isinstance(recorded, dict) and isinstance(recomputed, dict):
         out = []
@@ -480,12 +522,12 @@ def diff(recorded: Any, recomputed: Any, path: str = "") -> list[str]:
     return [f"summary.json {path} is {_short(recorded)} but the ledger gives {_short(recomputed)}"]
 
 
-def _short(value: Any) -> str:
+def _short(value: object) -> str:
     text = json.dumps(value, sort_keys=True, default=str)
     return text if len(text) <= 120 else text[:117] + "..."
 
 
-def check_summary(run_dir: Path, records: list[dict[str, Any]]) -> tuple[list[str], dict[str, Any] | None]:
+def check_summary(run_dir: Path, records: list[Record]) -> tuple[list[str], dict[str, Any] | None]:
     """Recompute the summary and compare it with ``summary.json``; returns (problems, recomputed)."""
     path = run_dir / SUMMARY_NAME
     try:
@@ -517,16 +559,18 @@ def verify_run(run_dir: str | Path) -> tuple[bool, str]:
     """
     run_dir = Path(run_dir)
     contents = read_ledger_contents(run_dir)
-    records = contents.records
-    if not records:
+    raw = contents.records
+    if not raw:
         raise AiperfError(f"{run_dir}: the ledger has no complete record")
     read_telemetry(run_dir)  # unreadable (a FIFO, a device) is unreadable input, not a failed check
-    problems = check_chain(records)
-    shapes = shape_problems(records)
+    problems = check_chain(raw)
+    shapes = shape_problems(raw)
     problems += shapes
     trials = 0
+    records: list[Record] = []
     summary: dict[str, Any] | None = None
-    if not shapes:  # the deeper checks compute with the fields the shapes guarantee
+    if not shapes:  # the deeper checks compute with the typed records the shapes guarantee
+        records = parse_records(raw, run_dir)  # cannot fail: shape_problems found nothing it would refuse
         problems += check_bookkeeping(records)
         problems += check_consistency(records)
         flop_problems, trials = check_flops(records)
@@ -540,12 +584,12 @@ def verify_run(run_dir: str | Path) -> tuple[bool, str]:
             lines.append(f"  ... and {len(problems) - MAX_LISTED} more problems")
         return False, "\n".join(lines)
     assert summary is not None
-    epochs = sum(1 for r in records if r.get("type") == "epoch")
+    epochs = len(of_type(records, EpochRecord))
     score, verdict = summary["score"], summary["verdict"]
     torn = contents.torn_note(run_dir / "ledger.jsonl")
     return True, (
         f"verified: run {summary['run_id']}: {len(records)} records, hash chain intact "
-        f"(last {records[-1]['hash'][:16]}); FLOPs of {trials} trials and operations of {epochs} epochs "
+        f"(last {records[-1].hash[:16]}); FLOPs of {trials} trials and operations of {epochs} epochs "
         f"recomputed; score {score['ops_human']} (regulated {score['regulated_human']}, "
         f"{format_ops(score['total_ops'], 'OP')} counted) and verdict '{verdict['headline']}' match {SUMMARY_NAME}"
         + (f"\n  note: {torn}" if torn else "")
