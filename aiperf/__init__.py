@@ -25,8 +25,10 @@ import importlib
 from importlib import metadata
 from typing import Any
 
+DISTRIBUTION = "aiperf"  # the distribution (package index) name this package is installed under
+
 try:
-    __version__ = metadata.version("aiperf")
+    __version__ = metadata.version(DISTRIBUTION)
 except metadata.PackageNotFoundError:  # a source checkout on PYTHONPATH without an install
     __version__ = "0+unknown"
 

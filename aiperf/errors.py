@@ -15,7 +15,6 @@ from __future__ import annotations
 import errno
 import os
 from pathlib import Path
-from typing import Any
 
 EXCERPT_CHARS = 40
 
@@ -28,7 +27,14 @@ class AiperfError(Exception):
         self.exit_code = exit_code
 
 
-def excerpt(value: Any, limit: int = EXCERPT_CHARS) -> str:
+def first_line(exc: BaseException, limit: int = 300) -> str:
+    """An exception as one line of a message: its first line (its type's name if it says nothing), cut to ``limit``."""
+    text = str(exc).strip()
+    line = text.splitlines()[0].strip() if text else type(exc).__name__
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def excerpt(value: object, limit: int = EXCERPT_CHARS) -> str:
     """A short, single-line, escaped description of ``value`` that costs O(limit) to build.
 
     Scalars are shown as ``repr`` cut to ``limit`` characters; containers by their type and

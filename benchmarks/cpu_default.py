@@ -38,7 +38,7 @@ def seed_throughput(threads: int, epochs: int, reps: int, backend: str) -> dict[
     common.configure_backend(backend, threads)
     from aiperf.config import load_config
     from aiperf.datasets import load_dataset
-    from aiperf.engine.run import seed_architecture
+    from aiperf.engine.search import seed_architecture
     from aiperf.metrics.flops import count_flops
     from aiperf.training.backend import choose_jit, choose_precision, describe_device
     from aiperf.training.trainer import TrainerSettings, TrialRunner

@@ -133,7 +133,7 @@ def _actor_setup(setup: dict[str, Any]) -> tuple[dict[str, Any], float]:
     cfg = load_config(setup["config"], setup["overrides"])
     configure_process(cfg.model.backend, THREADS_PER_TRIAL)  # before anything imports Keras
     from aiperf.datasets import load_dataset
-    from aiperf.engine.run import seed_architecture
+    from aiperf.engine.search import seed_architecture
 
     t0 = time.perf_counter()
     dataset = load_dataset(cfg.dataset)
@@ -250,31 +250,18 @@ def tune_trial(config: dict[str, Any], setup: dict[str, Any]) -> None:
 def tune_space(cfg: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """(Optuna distributions, the default point): aiperf's TPE space and its seed trial, kernel size fixed.
 
-    Mirrors ``aiperf.engine.run._search_settings``: batch sizes above ``train.max_batch_size`` are
-    dropped; the seed trial's batch is the plan's (``auto`` is 64 on a CPU-only cluster).
+    From ``aiperf.engine.search.search_settings``, as a run builds it; the seed trial's batch is the
+    plan's (``auto`` is 64 on a CPU-only cluster).
     """
-    from nas.hpo import HyperparameterSpace
+    from dataclasses import replace
 
-    h = cfg.hpo
+    from aiperf.engine.search import search_settings
+
     plan_batch = 64 if cfg.train.batch_size == "auto" else int(cfg.train.batch_size)
-    plan_batch = min(plan_batch, cfg.train.max_batch_size)
-    batch_sizes = sorted({b for b in h.batch_sizes if b <= cfg.train.max_batch_size}) or [plan_batch]
-    space = HyperparameterSpace(
-        learning_rate=h.learning_rate,
-        weight_decay=h.weight_decay,
-        dropout=h.dropout,
-        batch_sizes=tuple(batch_sizes),
-        kernel_sizes=(cfg.train.kernel_size,),
-        epochs=h.epochs,
-    ).distributions()
+    settings = search_settings(cfg, min(plan_batch, cfg.train.max_batch_size))
+    space = replace(settings.hparam_space, kernel_sizes=(cfg.train.kernel_size,)).distributions()
     space.pop("kernel_size")
-    default = {
-        "learning_rate": cfg.train.learning_rate,
-        "batch_size": plan_batch,
-        "weight_decay": cfg.train.weight_decay,
-        "dropout": cfg.train.dropout,
-        "epochs": cfg.train.epochs_per_trial,
-    }
+    default = {k: v for k, v in settings.default_hparams.items() if k != "kernel_size"}
     return space, default
 
 

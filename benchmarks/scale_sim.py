@@ -49,11 +49,10 @@ from typing import Any
 
 from aiperf.cluster.sim_pool import HybridClock, SimulatedWorkerPool
 from aiperf.config import load_config
-from aiperf.engine.master import Master, MasterSettings
-from aiperf.engine.run import make_search
+from aiperf.engine.assembly import open_session, run_start_record
+from aiperf.engine.search import make_search
 from aiperf.engine.weights import WeightStore
-from aiperf.record.ledger import LedgerWriter
-from aiperf.record.schema import ConfigHeader, PlanHeader, RunStartRecord
+from aiperf.record.schema import DatasetHeader
 from nas import zoo
 from nas.proposer import Proposer, TrialProposal
 
@@ -232,9 +231,15 @@ def simulate(
     ledger_dir: Path,
     window_s: float | None = None,
 ) -> ScaleResult:
+    budget = trial_s * trials_per_worker
     cfg = load_config(
         "default",
-        [f"hpo.epochs=[{epochs},{epochs}]", f"train.epochs_per_trial={epochs}", f"run.seed={seed}"],
+        [
+            f"hpo.epochs=[{epochs},{epochs}]",
+            f"train.epochs_per_trial={epochs}",
+            f"run.seed={seed}",
+            f"run.time_budget_s={budget}",
+        ],
     )
     window_s = window_s or trial_s
     clock = HybridClock()
@@ -252,22 +257,20 @@ def simulate(
         batch_size=256,
         images=(50_000, 10_000),
     )
-    ledger = LedgerWriter(ledger_dir)
-    ledger.append(
-        RunStartRecord(
-            t=0.0,
-            run_id=f"scale-{workers}",
-            config=ConfigHeader(**cfg.to_dict()),
-            plan=PlanHeader(**pool.plan.to_dict()),
-        )
+    # Assembled as every run is (run_start, the MLPerf-style log, the master from the config, run_stop).
+    system = {"simulated": True, "workers": workers}
+    dataset = DatasetHeader(name="simulated", train_images=50_000, eval_images=10_000)
+    header = run_start_record(
+        cfg, run_id=f"scale-{workers}", plan=pool.plan, dataset=dataset, system=system, backend="simulated", t=0.0
     )
-    budget = trial_s * trials_per_worker
-    settings = MasterSettings(time_budget_s=budget, seed=seed, max_trial_retries=cfg.cluster.max_trial_retries)
-    master = Master(settings, proposer, pool, ledger, WeightStore(cfg.cluster.keep_weights), clock=clock)
+    weights = WeightStore(cfg.cluster.keep_weights)
+    run = open_session(
+        cfg, ledger_dir, header=header, plan=pool.plan, system=system, proposer=proposer, pool=pool, weights=weights,
+        clock=clock,
+    )  # fmt: skip
     wall0, cpu0 = time.perf_counter(), time.process_time()
-    outcome = master.run()
+    outcome = run.run()
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-    ledger.close()
     end = clock()
     total = sum(_busy(v, 0.0, end) for v in pool.intervals.values())
     steady = sum(_busy(v, trial_s, end) for v in pool.intervals.values())

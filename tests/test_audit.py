@@ -34,6 +34,8 @@ def audited_run(tmp_path_factory) -> Path:
     """
     results = tmp_path_factory.mktemp("audit-results")
     overrides = [f"run.results_dir={results}", "run.max_trials=2", "run.time_budget_s=600"]
+    # Trainer settings away from their defaults: the audit must train with the run's, not its own.
+    overrides += ["train.compiled_models=1", "dataset.decode_threads=2", "model.bn_momentum=0.95"]
     proc = subprocess.run(
         aiperf_cmd("run", "--config", "smoke", *[a for o in overrides for a in ("--set", o)]),
         capture_output=True,
@@ -249,3 +251,36 @@ def test_the_report_shows_an_odd_or_stale_audit_without_failing(sim_run, tmp_pat
     (run / AUDIT_NAME).write_text(json.dumps(odd))
     html = write_report(run).read_text()
     assert "Audit: passed" in html and "audited: &lt;b&gt;" in html and "stale: the ledger has changed" in html
+
+
+@pytest.mark.slow
+def test_the_audit_trains_with_the_trainer_settings_the_run_recorded(audited_run, tmp_path, monkeypatch):
+    """One translation from the recorded config to trainer settings, for the run's workers and the audit."""
+    import dataclasses
+
+    from aiperf.cluster.worker import WorkerSettings, trainer_settings
+    from aiperf.engine.audit import audit_run
+    from aiperf.engine.resume import recorded_config, run_start
+    from aiperf.record.ledger import read_ledger
+    from aiperf.training import trainer as trainer_module
+    from aiperf.training.backend import describe_device
+
+    run = tmp_path / "run"
+    shutil.copytree(audited_run, run)
+    used = []
+    build = trainer_module.TrialRunner.__init__
+
+    def spy(self, dataset, settings, backend=None):
+        used.append(settings)
+        build(self, dataset, settings, backend)
+
+    monkeypatch.setattr(trainer_module.TrialRunner, "__init__", spy)
+    result = audit_run(run, sample=1, retrain_count=1)
+    records = read_ledger(run)
+    cfg = recorded_config(records)
+    workers = WorkerSettings.from_config(cfg)
+    threads = run_start(records).plan.threads_per_trial
+    the_runs = trainer_settings(dataclasses.replace(workers, threads=threads), describe_device(cfg.model.backend))
+    assert result.ok and {c["check"] for c in result.data["trials"]} == {"reevaluate", "retrain"}, result.message
+    assert len(used) >= 2 and all(settings == the_runs for settings in used), (used, the_runs)
+    assert (the_runs.compiled_models, the_runs.decode_threads, the_runs.bn_momentum) == (1, 2, 0.95)

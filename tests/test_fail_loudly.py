@@ -9,7 +9,7 @@ from aiperf.cluster.pool import PoolEvent
 from aiperf.cluster.sim_pool import HybridClock, SimulatedWorkerPool
 from aiperf.config import load_config
 from aiperf.engine.master import Master, MasterSettings, cause_key
-from aiperf.engine.run import make_search
+from aiperf.engine.search import make_search
 from aiperf.engine.weights import WeightStore
 from aiperf.record.ledger import LedgerWriter, read_ledger, read_raw_ledger
 from aiperf.record.schema import Record

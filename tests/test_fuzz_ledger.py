@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aiperf.cli import main
-from aiperf.config import config_from_dict
-from aiperf.engine.run import _restore, make_search, read_resumable
+from aiperf.engine.resume import read_resumable, recorded_config, replay
+from aiperf.engine.search import make_search
 from aiperf.engine.weights import WeightStore
 from aiperf.errors import AiperfError
 from aiperf.record import mllog, results
@@ -164,12 +164,12 @@ def _clean_failure(code: int, err: str, allowed: tuple[int, ...]) -> None:
 def _replay(folder: Path, header: dict) -> None:
     """What ``aiperf run --resume`` does with a ledger before it trains anything."""
     records = read_resumable(folder)
-    cfg = config_from_dict(records[0].config.model_dump(exclude_unset=True))
+    cfg = recorded_config(records)
     seed = graph_from_dict(header["seed_architecture"])  # comes from the dataset, not from the ledger
     # The replay is what is fuzzed; random search skips the Bayesian search's 0.4 s of set-up.
     cfg.search.strategy = "random"
     proposer = make_search(cfg, seed, 64)
-    _restore(records, proposer, WeightStore(cfg.cluster.keep_weights))
+    replay(records, proposer, WeightStore(cfg.cluster.keep_weights))
     mllog.render(records)
 
 

@@ -10,7 +10,7 @@ import pytest
 from aiperf.cluster.sim_pool import HybridClock, SimulatedWorkerPool
 from aiperf.config import load_config
 from aiperf.engine.master import Master, MasterSettings
-from aiperf.engine.run import make_search
+from aiperf.engine.search import make_search
 from aiperf.engine.weights import WeightStore
 from aiperf.metrics.score import compute_score
 from aiperf.record.ledger import LedgerWriter, read_ledger

@@ -8,7 +8,6 @@ names the worker's node, so the pool must make the worker known first.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
 from aiperf.cluster.messages import EventKind, TrialStarted
@@ -48,7 +47,7 @@ class _LaggingRay:
 def _pool(values: dict[str, Any]) -> tuple[RayWorkerPool, _Worker]:
     pool = RayWorkerPool.__new__(RayWorkerPool)  # no Ray: only the event plumbing is under test
     pool._ray = _LaggingRay(values, "info")
-    pool._cfg = SimpleNamespace(cluster=SimpleNamespace(queue_depth=2))
+    pool._queue_depth = 2
     pool._pending_events = []
     pool._hosts = {"node-a": "host-a"}
     pool._free = FreeWorkers()

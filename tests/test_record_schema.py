@@ -10,7 +10,7 @@ from aiperf.cluster.pool import PoolEvent
 from aiperf.cluster.sim_pool import HybridClock, SimulatedWorkerPool
 from aiperf.config import load_config
 from aiperf.engine.master import Master, MasterSettings
-from aiperf.engine.run import make_search
+from aiperf.engine.search import make_search
 from aiperf.engine.weights import WeightStore
 from aiperf.record.ledger import LEDGER_NAME, LedgerWriter, canonical, read_ledger, record_hash
 from aiperf.record.schema import (

@@ -351,7 +351,7 @@ def _sim_with_faults(run_dir, kills=(), failure_fn=None):
     from aiperf.cluster.sim_pool import HybridClock, SimulatedWorkerPool
     from aiperf.config import load_config
     from aiperf.engine.master import Master, MasterSettings
-    from aiperf.engine.run import make_search
+    from aiperf.engine.search import make_search
     from aiperf.engine.weights import WeightStore
     from aiperf.record.ledger import LedgerWriter
     from aiperf.record.schema import ConfigHeader, DatasetHeader, PlanHeader, RulesHeader, RunStopRecord

@@ -15,6 +15,7 @@ does not restart workers every few seconds for the whole run.
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import logging
 import time
@@ -27,6 +28,8 @@ from aiperf.cluster.plan import Plan, Slot, make_plan
 from aiperf.cluster.worker import TrialWorker, WorkerSettings
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from aiperf.cluster.resources import NodeInfo
     from aiperf.config import Config
     from aiperf.datasets.base import Dataset
@@ -173,25 +176,52 @@ class RayWorkerPool(WorkerPool):
     """Workers are Ray actors placed by the plan; trials stream their epochs back as generators."""
 
     def __init__(
-        self, cfg: Config, dataset: Dataset, nodes: list[NodeInfo], resync_s: float = 10.0, compile_cache: str = ""
+        self,
+        plan: Plan,
+        dataset: Dataset,
+        nodes: list[NodeInfo],
+        settings: WorkerSettings,
+        *,
+        replan: Callable[[list[NodeInfo]], Plan],
+        queue_depth: int,
+        max_workers: int | None = None,
+        resync_s: float = 10.0,
     ) -> None:
+        """Start a worker for every slot of ``plan``; ``replan`` sizes the cluster again when nodes come and go."""
         import ray
 
         self._ray = ray
-        self._cfg = cfg
-        self._settings = replace(WorkerSettings.from_config(cfg), compile_cache=compile_cache)
+        self._settings = settings
+        self._replan = replan
+        self._queue_depth = queue_depth
+        self._max_workers = max_workers
         self._dataset_ref = ray.put(dataset)
         self._actor_cls = ray.remote(max_restarts=0)(TrialWorker)
         self._workers: dict[str, _Worker] = {}
         self._ids = itertools.count()
         self._resync_s = resync_s
         self._last_sync = 0.0
-        self._plan = make_plan(nodes, cfg)
+        self._plan = plan
         self._hosts = {n.node_id: n.hostname for n in nodes}
         self._start_attempts: dict[tuple[str, int], int] = {}
         self._pending_events: list[PoolEvent] = []
         self._free = FreeWorkers()
         self._start_workers(self._plan.slots)
+
+    @classmethod
+    def for_config(
+        cls, cfg: Config, plan: Plan, dataset: Dataset, nodes: list[NodeInfo], compile_cache: str = ""
+    ) -> RayWorkerPool:
+        """The pool a run config asks for: its worker settings, queue depth and cap, re-planned under it."""
+        return cls(
+            plan,
+            dataset,
+            nodes,
+            replace(WorkerSettings.from_config(cfg), compile_cache=compile_cache),
+            replan=functools.partial(make_plan, cfg=cfg),
+            queue_depth=cfg.cluster.queue_depth,
+            max_workers=cfg.cluster.max_concurrent_trials,
+        )
 
     @property
     def plan(self) -> Plan:
@@ -228,7 +258,7 @@ class RayWorkerPool(WorkerPool):
         except Exception as exc:  # the head is busy or restarting: try again at the next re-sync
             logger.debug("re-sync skipped: listing the cluster's nodes failed: %s", exc)
             return []
-        plan = make_plan(nodes, self._cfg)
+        plan = self._replan(nodes)
         alive_nodes = {n.node_id for n in nodes}
         self._hosts.update({n.node_id: n.hostname for n in nodes})
         events = []
@@ -243,7 +273,7 @@ class RayWorkerPool(WorkerPool):
             [w.slot for w in self._workers.values() if w.alive],
             nodes,
         )
-        cap = self._cfg.cluster.max_concurrent_trials
+        cap = self._max_workers
         if cap is not None:
             room = cap - sum(1 for w in self._workers.values() if w.alive)
             missing = missing[: max(0, room)]
@@ -267,7 +297,7 @@ class RayWorkerPool(WorkerPool):
 
     def _refresh_free(self, w: _Worker) -> None:
         """Re-file ``w`` after its queue, readiness or liveness changed: ready workers first, then the least loaded."""
-        free = w.alive and len(w.tasks) < self._cfg.cluster.queue_depth
+        free = w.alive and len(w.tasks) < self._queue_depth
         self._free.update(w.worker_id, (not w.info, len(w.tasks)) if free else None)
 
     def put(self, value: Any) -> Any:

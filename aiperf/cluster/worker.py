@@ -27,6 +27,8 @@ from aiperf.training.trial import TrialSpec, Weights
 if TYPE_CHECKING:
     from aiperf.cluster.plan import Slot
     from aiperf.config import Config
+    from aiperf.training.backend import DeviceInfo
+    from aiperf.training.trainer import TrainerSettings
 
 logger = logging.getLogger(__name__)
 
@@ -83,18 +85,11 @@ class TrialWorker:
 
     def __init__(self, worker_id: str, dataset: Dataset, settings: WorkerSettings) -> None:
         t0 = time.monotonic()
-        from aiperf.training.backend import (
-            choose_jit,
-            choose_precision,
-            configure_process,
-            describe_device,
-            node_compile_cache,
-            versions,
-        )
+        from aiperf.training.backend import configure_process, describe_device, node_compile_cache, versions
 
         backend, threads = settings.backend, settings.threads
         configure_process(backend, threads, node_compile_cache(settings.compile_cache))
-        from aiperf.training.trainer import TrainerSettings, TrialRunner
+        from aiperf.training.trainer import TrialRunner
 
         if dataset.streaming:
             from aiperf.datasets.census import check_readable
@@ -104,21 +99,8 @@ class TrialWorker:
         self.worker_id = worker_id
         self.backend = backend
         self.device = describe_device(backend)
-        self.precision = choose_precision(settings.precision, self.device)
-        trainer = TrainerSettings(
-            precision=self.precision,
-            jit_compile=choose_jit(settings.jit, backend, self.device),
-            bn_momentum=settings.bn_momentum,
-            momentum=settings.momentum,
-            eval_batch_size=settings.eval_batch_size,
-            max_batch_size=settings.max_batch_size,
-            device_memory_bytes=int(self.device.memory_bytes) if self.device.kind == "gpu" else 0,
-            data_parallel=max(1, settings.data_parallel),
-            decode_threads=_decode_threads(settings.decode_threads, threads),
-            max_bad_fraction=settings.max_bad_fraction,
-            shuffle_buffer=settings.shuffle_buffer,
-            compiled_models=settings.compiled_models,
-        )
+        trainer = trainer_settings(settings, self.device)
+        self.precision = trainer.precision
         self.runner = TrialRunner(dataset, trainer, backend)
         self.versions = versions(backend)
         self.threads = threads
@@ -208,6 +190,31 @@ class TrialWorker:
                 "median_s": gaps[len(gaps) // 2] if gaps else None,
             },
         }
+
+
+def trainer_settings(settings: WorkerSettings, device: DeviceInfo) -> TrainerSettings:
+    """How a worker with ``settings`` trains on ``device``: the one translation, for the workers and the audit.
+
+    ``aiperf audit`` re-evaluates and re-trains a run's trials with the settings this gives for
+    the run's recorded config, so it trains as the run's workers did.
+    """
+    from aiperf.training.backend import choose_jit, choose_precision
+    from aiperf.training.trainer import TrainerSettings
+
+    return TrainerSettings(
+        precision=choose_precision(settings.precision, device),
+        jit_compile=choose_jit(settings.jit, settings.backend, device),
+        bn_momentum=settings.bn_momentum,
+        momentum=settings.momentum,
+        eval_batch_size=settings.eval_batch_size,
+        max_batch_size=settings.max_batch_size,
+        device_memory_bytes=int(device.memory_bytes) if device.kind == "gpu" else 0,
+        data_parallel=max(1, settings.data_parallel),
+        decode_threads=_decode_threads(settings.decode_threads, settings.threads),
+        max_bad_fraction=settings.max_bad_fraction,
+        shuffle_buffer=settings.shuffle_buffer,
+        compiled_models=settings.compiled_models,
+    )
 
 
 def _decode_threads(setting: int | Literal["auto"], threads: int) -> int:

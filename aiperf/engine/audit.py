@@ -59,10 +59,9 @@ from aiperf.record.schema import (
 from aiperf.record.verify import verify_run
 
 if TYPE_CHECKING:  # imported where they are used: the frameworks load only when the audit re-executes
-    from aiperf.cluster.worker import TrialWorker
+    from aiperf.cluster.worker import TrialWorker, WorkerSettings
     from aiperf.config import Config
     from aiperf.datasets.base import Dataset
-    from aiperf.training.trainer import TrainerSettings
 
 # Re-evaluation is deterministic given the weights, the data and the code; what can differ on
 # another machine (or thread count) is the summation order inside the framework's kernels, which
@@ -255,24 +254,23 @@ def _load_data(cfg: Config, header: RunStartRecord) -> Dataset:
     return dataset
 
 
-def _trainer_settings(cfg: Config, precision: str) -> TrainerSettings:
-    """The workers' trainer settings for this config, as a worker on a CPU sets them."""
-    from aiperf.training.trainer import TrainerSettings
+def run_worker_settings(cfg: Config, threads: int, precision: str) -> WorkerSettings:
+    """The settings the run's workers had (from its recorded config), on this machine's ``threads``.
 
-    return TrainerSettings(
-        precision=precision,
-        bn_momentum=float(cfg.model.bn_momentum),
-        momentum=float(cfg.train.momentum),
-        eval_batch_size=int(cfg.train.eval_batch_size),
-        max_batch_size=int(cfg.train.max_batch_size),
-        max_bad_fraction=float(cfg.dataset.max_bad_fraction),
-        shuffle_buffer=int(cfg.dataset.shuffle_buffer),
-    )
+    ``precision`` is the dtype policy the run's epochs record (its workers resolved ``auto``).
+    Re-evaluation and re-training both train through :func:`aiperf.cluster.worker.trainer_settings`
+    from these, as the run's workers did.
+    """
+    from aiperf.cluster.worker import WorkerSettings
+
+    return dataclasses.replace(WorkerSettings.from_config(cfg), threads=threads, data_parallel=1, precision=precision)
 
 
-def reevaluate(run_dir: Path, cfg: Config, dataset: Dataset, backend: str, trial: str, t: _Trial) -> TrialCheck:
+def reevaluate(run_dir: Path, cfg: Config, dataset: Dataset, threads: int, trial: str, t: _Trial) -> TrialCheck:
     """Rebuild ``trial`` from its recorded architecture and stored weights; compare the stored epoch's val_acc."""
+    from aiperf.cluster.worker import trainer_settings
     from aiperf.engine.weights import load_weights
+    from aiperf.training.backend import describe_device
     from aiperf.training.input_pipeline import eval_batch_size
     from aiperf.training.trainer import TrialRunner, classification_metrics
     from aiperf.training.trial import apply_hparams
@@ -294,7 +292,9 @@ def reevaluate(run_dir: Path, cfg: Config, dataset: Dataset, backend: str, trial
     except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
         return TrialCheck(trial, "reevaluate", "fail", f"{w.file} cannot be loaded ({exc})", epoch.epoch)
     graph = apply_hparams(graph_from_dict(t.start.graph), t.start.hparams.model_dump(exclude_unset=True))
-    runner = TrialRunner(dataset, _trainer_settings(cfg, epoch.precision), backend)
+    backend = cfg.model.backend
+    settings = trainer_settings(run_worker_settings(cfg, threads, epoch.precision), describe_device(backend))
+    runner = TrialRunner(dataset, settings, backend)
     try:
         model = runner._build(graph, weights)  # the workers' builder, dtype policy and weight loading
     except Exception as exc:  # weights of another shape: the file is not this architecture's
@@ -432,13 +432,14 @@ def _reevaluate_targets(
     targets: list[str],
     best_trial: str | None,
     checks: list[TrialCheck],
+    threads: int,
 ) -> list[str]:
     """Re-evaluate every target with weights on disk; returns the targets that had none."""
     no_weights = []
     for trial in targets:
         t = trials[trial]
         if files.get(trial) == "ok":
-            checks.append(reevaluate(run_dir, cfg, dataset, cfg.model.backend, trial, t))
+            checks.append(reevaluate(run_dir, cfg, dataset, threads, trial, t))
         else:
             no_weights.append(trial)
             checks.append(_without_weights(trial, t, files.get(trial), trial == best_trial))
@@ -456,19 +457,18 @@ def _retrain_sample(
     notes: list[str],
 ) -> None:
     """Re-train a seeded sample of the trials that can be, each through a :class:`TrialWorker` of this process."""
-    from aiperf.cluster.worker import TrialWorker, WorkerSettings
+    from aiperf.cluster.worker import TrialWorker
 
     count, seed, threads, speed_factor = how
     pool = sorted(t for t, v in trials.items() if _retrainable(t, v, trials, files))
     picks = random.Random(seed + 1).sample(pool, min(count, len(pool)))
     if len(picks) < count:
         notes.append(f"--retrain {count}: only {len(pool)} trial(s) can be re-trained from their recorded spec")
-    base = dataclasses.replace(WorkerSettings.from_config(cfg), threads=threads, data_parallel=1)
     workers: dict[str, TrialWorker] = {}
     for trial in sorted(picks):
         precision = next(iter(trials[trial].epochs.values())).precision  # the policy the run used
         if precision not in workers:
-            workers[precision] = TrialWorker("audit", dataset, dataclasses.replace(base, precision=precision))
+            workers[precision] = TrialWorker("audit", dataset, run_worker_settings(cfg, threads, precision))
         checks.append(retrain(workers[precision], run_dir, trial, trials[trial], trials, speed_factor))
 
 
@@ -550,7 +550,7 @@ def audit_run(
     with _native_stderr_muted():
         configure_process(backend, threads)
         data["machine"] = machine_description(backend, threads)
-        no_weights = _reevaluate_targets(run_dir, cfg, dataset, trials, files, targets, best_trial, checks)
+        no_weights = _reevaluate_targets(run_dir, cfg, dataset, trials, files, targets, best_trial, checks, threads)
         if retrain_count > 0:
             _retrain_sample(
                 run_dir, cfg, dataset, trials, files, (retrain_count, seed, threads, speed_factor), checks, notes

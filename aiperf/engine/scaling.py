@@ -76,12 +76,10 @@ def simulate_run(
     exactly as in a real run of the same architectures.
     """
     from aiperf.cluster.sim_pool import HybridClock, SimulatedWorkerPool
-    from aiperf.engine.master import Master, MasterSettings
-    from aiperf.engine.run import make_search, software_versions
+    from aiperf.engine.assembly import open_session, run_start_record
+    from aiperf.engine.search import make_search
     from aiperf.engine.weights import WeightStore
-    from aiperf.record.ledger import LedgerWriter
-    from aiperf.record.mllog import attach as attach_mllog
-    from aiperf.record.schema import ConfigHeader, DatasetHeader, PlanHeader, RulesHeader, RunStartRecord, RunStopRecord
+    from aiperf.record.schema import DatasetHeader
     from aiperf.record.summary import write_summary
 
     sim = sim or SimulationSettings()
@@ -100,31 +98,36 @@ def simulate_run(
         batch_size=batch,
     )
     proposer = make_search(cfg, seed_graph, batch)
-    with LedgerWriter(run_dir) as ledger:
-        ledger.append(
-            RunStartRecord(
-                t=0.0,
-                run_id=Path(run_dir).name,
-                config=ConfigHeader(**cfg.to_dict()),
-                versions=software_versions("simulated"),
-                system={
-                    "simulated": True,
-                    "nodes": nodes,
-                    "workers_per_node": sim.workers_per_node,
-                    "device_ops_per_s": sim.device_ops_per_s,
-                    "startup_s": sim.startup_s,
-                },
-                plan=PlanHeader(**pool.plan.to_dict()),
-                dataset=DatasetHeader(**dataset),
-                rules=RulesHeader(**cfg.rules.model_dump()),
-                seed_architecture=seed_graph.to_dict(),
-            )
-        )
-        attach_mllog(run_dir, ledger)
-        settings = MasterSettings.from_config(cfg)
-        master = Master(settings, proposer, pool, ledger, WeightStore(cfg.cluster.keep_weights), clock=clock)
-        outcome = master.run()
-        ledger.append(RunStopRecord(t=clock(), status=outcome.status, reason=outcome.reason))
+    system = {
+        "simulated": True,
+        "nodes": nodes,
+        "workers_per_node": sim.workers_per_node,
+        "device_ops_per_s": sim.device_ops_per_s,
+        "startup_s": sim.startup_s,
+    }
+    run_dir = Path(run_dir)
+    header = run_start_record(
+        cfg,
+        run_id=run_dir.name,
+        plan=pool.plan,
+        dataset=DatasetHeader(**dataset),
+        system=system,
+        backend="simulated",
+        seed_graph=seed_graph,
+        t=0.0,
+    )
+    run = open_session(
+        cfg,
+        run_dir,
+        header=header,
+        plan=pool.plan,
+        system=system,
+        proposer=proposer,
+        pool=pool,
+        weights=WeightStore(cfg.cluster.keep_weights),
+        clock=clock,
+    )
+    run.run()
     return write_summary(run_dir)
 
 
@@ -213,7 +216,7 @@ def simulated_study(
 ) -> pd.DataFrame:
     """Simulate every size in ``counts`` with the same config, seed and simulated hardware."""
     from aiperf.datasets import load_dataset
-    from aiperf.engine.run import seed_architecture
+    from aiperf.engine.search import seed_architecture
 
     dataset = load_dataset(cfg.dataset)
     seed_graph = seed_architecture(cfg, dataset)

@@ -1,0 +1,106 @@
+"""The search a config asks for: its seed architecture, its limits, its proposer.
+
+Real runs, resumed runs, simulated runs and the benchmarks build their search here, so the
+same config always searches the same way.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from aiperf.config import Config
+from aiperf.datasets import Dataset
+from aiperf.errors import AiperfError
+from nas.errors import NasError
+from nas.graph import Graph
+from nas.proposer import Proposer
+
+if TYPE_CHECKING:
+    from nas.search import SearchSettings
+
+
+def seed_architecture(cfg: Config, dataset: Dataset) -> Graph:
+    """The search's starting architecture, sized to the dataset's images and classes.
+
+    It always carries a dropout layer before its classifier (inserted if the architecture
+    has none), so the searched dropout rate reaches every trial.
+    """
+    return _seed_graph(cfg, dataset).with_dropout(cfg.train.dropout, ensure=True)
+
+
+def _seed_graph(cfg: Config, dataset: Dataset) -> Graph:
+    from nas import serialize, zoo
+
+    name = cfg.model.seed_architecture
+    try:
+        if name.endswith(".json") or os.sep in name:
+            graph = serialize.load(name)
+            if tuple(graph.input_shape) != tuple(dataset.input_shape) or graph.num_classes != dataset.num_classes:
+                raise AiperfError(
+                    f"model.seed_architecture: {name} takes {graph.input_shape} images and {graph.num_classes} classes,"
+                    f" but the dataset has {tuple(dataset.input_shape)} and {dataset.num_classes}"
+                )
+            return graph
+        if name == "small_resnet":
+            return zoo.small_resnet(
+                dataset.input_shape, dataset.num_classes, width=cfg.model.width, dropout=cfg.train.dropout
+            )
+        return zoo.by_name(name, dataset.input_shape, dataset.num_classes)
+    except NasError as exc:
+        raise AiperfError(f"model.seed_architecture: {exc}") from None
+
+
+def search_settings(cfg: Config, plan_batch: int) -> SearchSettings:
+    """The search part of a config; ``plan_batch`` is the plan's batch size (the default of every trial)."""
+    from nas.hpo import HyperparameterSpace
+    from nas.search import SearchSettings
+
+    h = cfg.hpo
+    batch_sizes = sorted({b for b in h.batch_sizes if b <= cfg.train.max_batch_size}) or [plan_batch]
+    space = HyperparameterSpace(
+        learning_rate=h.learning_rate,
+        weight_decay=h.weight_decay,
+        dropout=h.dropout,
+        batch_sizes=tuple(batch_sizes),
+        kernel_sizes=tuple(h.kernel_sizes),
+        epochs=h.epochs,
+    )
+    defaults = {
+        "learning_rate": cfg.train.learning_rate,
+        "batch_size": plan_batch,
+        "weight_decay": cfg.train.weight_decay,
+        "dropout": cfg.train.dropout,
+        "kernel_size": cfg.train.kernel_size,
+        "epochs": cfg.train.epochs_per_trial,
+    }
+    s = cfg.search
+    return SearchSettings(
+        strategy=s.strategy,
+        seed=cfg.run.seed,
+        ucb_beta=s.ucb_beta,
+        retune_fraction=s.retune_fraction,
+        max_morphs_per_child=s.max_morphs_per_child,
+        gp_window=s.gp_window,
+        candidates=s.candidates,
+        default_hparams=defaults,
+        hparam_space=space,
+    )
+
+
+def make_search(cfg: Config, seed_graph: Graph, plan_batch: int) -> Proposer:
+    """The proposer for this config: BO or random architecture search interleaved with TPE."""
+    from aiperf.metrics.flops import count_flops
+    from nas.limits import Limits
+    from nas.search import make_proposer
+
+    limits = Limits(
+        cfg.search.max_layers,
+        cfg.search.max_params,
+        cfg.search.max_flops_per_image,
+        flops_fn=lambda g: count_flops(g).train_per_image(plan_batch),
+    )
+    reason = limits.reason(seed_graph)
+    if reason:
+        raise AiperfError(f"the seed architecture is already over a search limit: {reason}")
+    return make_proposer(search_settings(cfg, plan_batch), seed_graph, limits)
