@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -109,7 +110,7 @@ class DatasetConfig(_Section):
 
     @field_validator("decode_threads")
     @classmethod
-    def _positive_threads(cls, v: Any) -> Any:
+    def _positive_threads(cls, v: int | str) -> int | str:
         if isinstance(v, int) and not 1 <= v <= 1024:
             raise ValueError("must be 'auto' or an integer from 1 to 1024")
         return v
@@ -144,7 +145,7 @@ class TrainConfig(_Section):
 
     @field_validator("batch_size")
     @classmethod
-    def _positive_batch(cls, v: Any) -> Any:
+    def _positive_batch(cls, v: int | str) -> int | str:
         if isinstance(v, int) and v < 1:
             raise ValueError("must be >= 1 or 'auto'")
         return v
@@ -227,7 +228,7 @@ class Config(_Section):
         return self.model_dump(mode="json")
 
 
-def _key_text(part: Any) -> str:
+def _key_text(part: object) -> str:
     """A key as it appears in a message: itself when short and printable, else an excerpt."""
     if isinstance(part, str) and part.isprintable() and len(part) <= 40:
         return part
@@ -259,7 +260,7 @@ def _builtin_path(name: str) -> Path | None:
 class _Refused(yaml.YAMLError):
     """A YAML construct a config may not use (anchors, aliases, deep nesting)."""
 
-    def __init__(self, problem: str, mark: Any) -> None:
+    def __init__(self, problem: str, mark: yaml.Mark | None) -> None:
         super().__init__(problem)
         self.problem = problem
         self.problem_mark = mark
@@ -274,7 +275,7 @@ class ConfigLoader(yaml.SafeLoader):
 
     _depth = 0
 
-    def compose_node(self, parent: Any, index: Any) -> Any:
+    def compose_node(self, parent: yaml.Node | None, index: int | yaml.Node | None) -> yaml.Node | None:
         event = self.peek_event()
         if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
             raise _Refused("anchors and aliases (&name, *name) are not allowed in a config", event.start_mark)
@@ -287,8 +288,8 @@ class ConfigLoader(yaml.SafeLoader):
             self._depth -= 1
 
 
-def parse_yaml(text: str) -> Any:
-    """Parse one YAML document with :class:`ConfigLoader`; errors are ``yaml.YAMLError``.
+def parse_yaml(text: str) -> object:
+    """Parse one YAML document with :class:`ConfigLoader` (any YAML value); errors are ``yaml.YAMLError``.
 
     The constructors of timestamps and integers raise ``ValueError`` on out-of-range input
     (``2024-13-45``, an integer of 10,000 digits); those are reported as YAML errors too.
@@ -358,7 +359,7 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
     return f"{where} is not valid YAML" if where else "not valid YAML"
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+def _read_yaml(path: Path) -> dict[str, object]:  # a config document, not validated yet
     text = _read_text(path)
     try:
         data = parse_yaml(text)
@@ -377,7 +378,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def _parse_override_value(key: str, raw: str) -> Any:
+def _parse_override_value(key: str, raw: str) -> object:
     if len(raw) > MAX_OVERRIDE_CHARS:
         raise AiperfError(f"config error: --set {key}: value too long ({len(raw):,} characters)")
     if not raw.strip():
@@ -390,7 +391,7 @@ def _parse_override_value(key: str, raw: str) -> Any:
         return raw  # not YAML (``--set run.name=a: b``): the text itself
 
 
-def _apply_override(data: dict[str, Any], item: str) -> None:
+def _apply_override(data: dict[str, object], item: str) -> None:
     if "=" not in item:
         raise AiperfError(f"config error: --set {excerpt(item)}: expected key=value")
     key, raw = item.split("=", 1)
@@ -434,7 +435,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         raise AiperfError(_format_error(exc)) from None
 
 
-def config_from_dict(data: dict[str, Any]) -> Config:
+def config_from_dict(data: Mapping[str, object]) -> Config:
     try:
         return Config.model_validate(data)
     except ValidationError as exc:

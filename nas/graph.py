@@ -114,19 +114,19 @@ class Node:
         return hash((self.id, self.op, self.inputs, tuple(sorted(self.attrs.items()))))
 
 
-def short_repr(value: Any, limit: int = 40) -> str:
+def short_repr(value: object, limit: int = 40) -> str:
     """``repr`` cut to ``limit`` characters, so hostile values cannot flood an error message."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _where(node_id: Any, op: Any) -> str:
+def _where(node_id: object, op: object) -> str:
     ident = node_id if isinstance(node_id, int) and not isinstance(node_id, bool) else short_repr(node_id)
     kind = op if isinstance(op, str) and op in OP_ATTRS else short_repr(op)
     return f"node {ident} ({kind})"
 
 
-def _check_int(where: str, name: str, value: Any, lo: int, hi: int) -> int:
+def _check_int(where: str, name: str, value: object, lo: int, hi: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise NasError(f"{where}: {name} must be an integer, got {short_repr(value)}")
     if not lo <= value <= hi:
@@ -142,7 +142,7 @@ def _finite(value: int | float) -> bool:
         return False
 
 
-def _normalise_attr(where: str, name: str, kind: str, value: Any) -> Any:
+def _normalise_attr(where: str, name: str, kind: str, value: object) -> Any:
     """Check one attribute's type and range and return it in canonical (hashable) form."""
     if kind == _INT:
         hi = MAX_UNITS if name == "units" else MAX_CHANNELS

@@ -19,7 +19,7 @@ import warnings
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import optuna
@@ -36,9 +36,10 @@ KEEP_BEST = 32  # TPE's default split puts at most 25 trials in its "good" group
 KEEP_RECENT = 224
 KEEP_RUNNING = 128
 REBUILD_EVERY = 128
+N = TypeVar("N", int, float)
 
 
-def _pair(name: str, value: Any, kind: type) -> tuple[Any, Any]:
+def _pair(name: str, value: object, kind: type[N]) -> tuple[N, N]:
     if not isinstance(value, Sequence) or isinstance(value, str) or len(value) != 2:
         raise NasError(f"hyperparameter space: {name} must be a (low, high) pair, got {value!r}")
     lo, hi = value
@@ -52,7 +53,7 @@ def _pair(name: str, value: Any, kind: type) -> tuple[Any, Any]:
     return kind(lo), kind(hi)
 
 
-def _choices(name: str, value: Any) -> tuple[int, ...]:
+def _choices(name: str, value: object) -> tuple[int, ...]:
     if not isinstance(value, Sequence) or isinstance(value, str) or not value:
         raise NasError(f"hyperparameter space: {name} must be a non-empty list of integers, got {value!r}")
     if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in value):

@@ -9,12 +9,12 @@ method, the seed and the checked disjointness.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from aiperf.config import DatasetConfig
-from aiperf.datasets.base import Dataset
+from aiperf.datasets.base import Dataset, DatasetMeta, SplitMeta
 from aiperf.datasets.split import check_disjoint, stratified_prefix, stratified_split
 from aiperf.errors import AiperfError
 
@@ -25,10 +25,10 @@ class SplitPlan:
 
     train: np.ndarray
     val: np.ndarray
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: DatasetMeta = field(default_factory=DatasetMeta)
 
 
-def checked_labels(name: str, labels: Any, num_classes: int, count: int, what: str = "images") -> np.ndarray:
+def checked_labels(name: str, labels: ArrayLike, num_classes: int, count: int, what: str = "images") -> np.ndarray:
     """Labels as int32 after checking there is one per example and each is a class id."""
     y = np.asarray(labels)
     if y.ndim != 1:
@@ -54,7 +54,7 @@ def _require_classes(name: str, labels: np.ndarray) -> None:
         )
 
 
-def _truncate(train: np.ndarray, labels: np.ndarray, cfg: DatasetConfig, meta: dict[str, Any]) -> np.ndarray:
+def _truncate(train: np.ndarray, labels: np.ndarray, cfg: DatasetConfig, meta: DatasetMeta) -> np.ndarray:
     if cfg.max_train_images is None or cfg.max_train_images >= len(train):
         return train
     meta["train_images_available"] = len(train)
@@ -68,10 +68,10 @@ def plan_pool_split(name: str, labels: np.ndarray, cfg: DatasetConfig) -> SplitP
     train, val = stratified_split(labels, cfg.validation_fraction, rng)
     if len(val) == 0:
         raise AiperfError(f"{name}: too few images per class to hold out a validation split")
-    meta: dict[str, Any] = {}
+    meta: DatasetMeta = {}
     train = _truncate(train, labels, cfg, meta)
     check_disjoint(train, val)
-    split = {
+    split: SplitMeta = {
         "method": "stratified",
         "seed": cfg.split_seed,
         "disjoint": True,
@@ -92,9 +92,9 @@ def plan_predefined_split(
     if len(val_labels) == 0:
         raise AiperfError(f"{name}: the validation split is empty")
     rng = np.random.default_rng(cfg.split_seed)
-    meta: dict[str, Any] = {}
+    meta: DatasetMeta = {}
     train = _truncate(rng.permutation(len(train_labels)), train_labels, cfg, meta)
-    split = {"method": "predefined", "seed": cfg.split_seed, "disjoint": True, "validation": validation}
+    split: SplitMeta = {"method": "predefined", "seed": cfg.split_seed, "disjoint": True, "validation": validation}
     return SplitPlan(train, np.arange(len(val_labels)), {"split": split, **meta})
 
 
@@ -107,7 +107,7 @@ def in_memory_dataset(
     plan: SplitPlan,
     *,
     pixel_scale: float = 1.0 / 255.0,
-    meta: dict[str, Any] | None = None,
+    meta: DatasetMeta | None = None,
 ) -> Dataset:
     """Select the planned examples from (images, labels) pools into a resident :class:`Dataset`.
 
@@ -143,7 +143,7 @@ def streaming_dataset(
     val_files: list[tuple[str, int]],
     plan: SplitPlan,
     *,
-    meta: dict[str, Any] | None = None,
+    meta: DatasetMeta | None = None,
 ) -> Dataset:
     """Select the planned files into a streamed :class:`Dataset` (decoded by the trainer)."""
     dataset = Dataset(

@@ -12,9 +12,49 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
+
+# A dataset's file census: {"files": count, "digest": SHA-256 of the names} (every node must see the same).
+Census = dict[str, int | str]
+
+
+class SplitMeta(TypedDict, total=False):
+    """How the examples were split into training and validation (``meta["split"]``)."""
+
+    method: str  # stratified | predefined
+    seed: int
+    disjoint: bool
+    validation_fraction: float  # stratified: the share held out
+    validation: str  # predefined: what serves as the held-out split
+    train_subset: str  # tfrecord with max_train_images: how the subset was drawn
+    val_images_also_in_train: int  # byte-identical (or same-file) duplicates across the split
+
+
+class BadImagesMeta(TypedDict):
+    """Images found undecodable while loading (``meta["bad_images"]``)."""
+
+    count: int
+    files: list[str]  # the first 100
+    max_fraction: float
+
+
+class DatasetMeta(TypedDict, total=False):
+    """Facts about the data beyond the :class:`Dataset` fields; they go into the ledger's dataset header."""
+
+    split: SplitMeta
+    class_names: list[str]
+    storage: str  # memory | stream
+    root: str  # streamed: the folder item names are relative to
+    census: Census  # streamed: what the head saw, checked on every node
+    decoded: str  # streamed: how and where images are decoded
+    bad_images: BadImagesMeta
+    train_images_available: int  # before max_train_images truncated the training split
+    label_offset: int  # tfrecord: subtracted from the stored labels
+    shards: dict[str, int]  # tfrecord: shards per split
+    labels: str  # synthetic: how labels were drawn
+    note: str  # synthetic: why its accuracy means nothing
 
 
 @dataclass
@@ -73,7 +113,7 @@ class Dataset:
     val_files: list[tuple[str, int]] | None = None
     train_shards: RecordShards | None = None
     val_shards: RecordShards | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: DatasetMeta = field(default_factory=DatasetMeta)
 
     @property
     def streaming(self) -> bool:

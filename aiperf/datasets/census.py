@@ -12,17 +12,16 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Any
 
 import numpy as np
 
-from aiperf.datasets.base import Dataset
+from aiperf.datasets.base import Census, Dataset
 from aiperf.errors import AiperfError
 
 SAMPLE_FILES = 16
 
 
-def census(name: str, path: str) -> dict[str, Any]:
+def census(name: str, path: str) -> Census:
     """The file count and name digest of the dataset at ``path``, as this machine sees it."""
     if name == "image_folder":
         from aiperf.datasets.image_folder import census_of
@@ -33,9 +32,9 @@ def census(name: str, path: str) -> dict[str, Any]:
     return census_of(path)
 
 
-def census_on_this_node(name: str, path: str) -> dict[str, Any]:
+def census_on_this_node(name: str, path: str) -> dict[str, int | str]:
     """:func:`census` with this node's hostname, and any error as text (runs as a Ray task)."""
-    out: dict[str, Any] = {"hostname": socket.gethostname()}
+    out: dict[str, int | str] = {"hostname": socket.gethostname()}
     try:
         out.update(census(name, path))
     except AiperfError as exc:

@@ -11,9 +11,10 @@ from __future__ import annotations
 import codecs
 import importlib
 import pickle
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import NoReturn
 
 import numpy as np
 
@@ -30,7 +31,7 @@ CLASS_NAMES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "
 ROW_BYTES = 3 * 32 * 32
 
 
-def _numpy_core(module: str, name: str) -> Any:
+def _numpy_core(module: str, name: str) -> Callable[..., object]:
     for candidate in (f"numpy._core.{module}", f"numpy.core.{module}"):
         try:
             return getattr(importlib.import_module(candidate), name)
@@ -47,11 +48,11 @@ def _latin1_encode(text: str, encoding: str = "latin1") -> bytes:
 
 
 @lru_cache(maxsize=1)
-def _allowed_globals() -> dict[tuple[str, str], Any]:
+def _allowed_globals() -> dict[tuple[str, str], Callable[..., object]]:
     reconstruct = _numpy_core("multiarray", "_reconstruct")
     scalar = _numpy_core("multiarray", "scalar")
     frombuffer = _numpy_core("numeric", "_frombuffer")
-    allowed: dict[tuple[str, str], Any] = {
+    allowed: dict[tuple[str, str], Callable[..., object]] = {
         ("numpy", "ndarray"): np.ndarray,
         ("numpy", "dtype"): np.dtype,
         ("_codecs", "encode"): _latin1_encode,
@@ -66,17 +67,17 @@ def _allowed_globals() -> dict[tuple[str, str], Any]:
 class _ArrayOnlyUnpickler(pickle.Unpickler):
     """Resolves numpy array constructors and nothing else (no ``os.system``, no ``eval``)."""
 
-    def find_class(self, module: str, name: str) -> Any:
+    def find_class(self, module: str, name: str) -> Callable[..., object]:
         allowed = _allowed_globals()
         if (module, name) not in allowed:
             raise pickle.UnpicklingError(f"refuses to load {module}.{name}: only numpy arrays and plain data")
         return allowed[(module, name)]
 
-    def persistent_load(self, pid: Any) -> Any:
+    def persistent_load(self, pid: object) -> NoReturn:
         raise pickle.UnpicklingError("refuses persistent references")
 
 
-def _unpickle(path: Path) -> dict[str, Any]:
+def _unpickle(path: Path) -> dict[str, object]:  # untrusted content: every reader checks its types
     try:
         with path.open("rb") as handle:
             content = _ArrayOnlyUnpickler(handle, encoding="bytes").load()

@@ -11,16 +11,20 @@ from __future__ import annotations
 
 import struct
 from functools import lru_cache
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.message import Message
 
 HEADER_BYTES = 12  # uint64 length + uint32 masked CRC of the length
 FOOTER_BYTES = 4  # uint32 masked CRC of the data
 
+# One feature's values: a single value unwrapped, else the list (empty, or several values).
+FeatureValue = bytes | int | float | list[bytes] | list[int] | list[float]
+
 
 @lru_cache(maxsize=1)
-def example_class() -> Any:
+def example_class() -> type[Message]:
     """The ``tensorflow.Example`` message class (same wire format as TensorFlow's)."""
     f = descriptor_pb2.FieldDescriptorProto
     proto = descriptor_pb2.FileDescriptorProto(name="aiperf/example.proto", package="aiperf_tf", syntax="proto3")
@@ -57,11 +61,11 @@ def example_class() -> Any:
     return message_factory.GetMessageClass(pool.FindMessageTypeByName("aiperf_tf.Example"))
 
 
-def parse_features(record: bytes) -> dict[str, Any]:
+def parse_features(record: bytes) -> dict[str, FeatureValue]:
     """A serialized Example as ``{key: bytes | int | float | list}`` (single values unwrapped)."""
     example = example_class()()
     example.ParseFromString(record)
-    out: dict[str, Any] = {}
+    out: dict[str, FeatureValue] = {}
     for key, feature in example.features.feature.items():
         kind = feature.WhichOneof("kind")
         values = list(getattr(feature, kind).value) if kind else []

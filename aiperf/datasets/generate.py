@@ -23,7 +23,7 @@ import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict
 
 import numpy as np
 from PIL import Image
@@ -36,6 +36,28 @@ LARGE_SIZE = (4032, 3024)  # a phone camera's photo
 QUIRKS = ("cmyk", "grayscale", "png_named_jpeg", "tiny_1x1", "tiny_16x16", "large")
 BAD_KINDS = ("truncated", "garbage", "empty")
 JPEG_QUALITY = 90
+
+
+class TFRecordManifest(TypedDict):
+    """The TFRecord copy: its folder and the shard names of each split."""
+
+    path: str
+    train: list[str]
+    validation: list[str]
+
+
+class Manifest(TypedDict):
+    """What was written (also saved as ``aiperf-dataset.json`` in the tree)."""
+
+    layout: str
+    spec: dict[str, int | float | bool]  # the GenerateSpec's fields
+    classes: list[str]  # synsets, by label
+    train_images: int
+    val_images: int
+    mean_bytes: float
+    quirks: dict[str, str]  # "split/kind" -> the file
+    bad: list[str]  # the undecodable files
+    tfrecord: NotRequired[TFRecordManifest]
 
 
 @dataclass
@@ -158,7 +180,7 @@ def _synset(k: int) -> str:
     return f"n{k + 1:08d}"
 
 
-def generate_imagenet(out: str | Path, spec: GenerateSpec) -> dict[str, Any]:
+def generate_imagenet(out: str | Path, spec: GenerateSpec) -> Manifest:
     """Write the tree under ``out`` (which must not exist or be empty); returns the manifest."""
     spec.check()
     root = Path(out)
@@ -197,7 +219,7 @@ def generate_imagenet(out: str | Path, spec: GenerateSpec) -> dict[str, Any]:
         split = "train" if k % 2 == 0 else "val"
         kind = BAD_KINDS[k % len(BAD_KINDS)]
         bad.append(write(split, k % spec.classes, f"bad_{k}_{kind}.JPEG", _bad_bytes(kind, painter, rng)))
-    manifest: dict[str, Any] = {
+    manifest: Manifest = {
         "layout": "imagenet",
         "spec": asdict(spec),
         "classes": [_synset(k) for k in range(spec.classes)],
@@ -215,7 +237,7 @@ def generate_imagenet(out: str | Path, spec: GenerateSpec) -> dict[str, Any]:
 
 def write_tfrecords(
     root: Path, files: dict[str, list[tuple[str, int]]], spec: GenerateSpec, rng: np.random.Generator
-) -> dict[str, Any]:
+) -> TFRecordManifest:
     """The same images as ``tfrecord/{train,validation}-KKKKK-of-NNNNN``, records shuffled across shards."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import tensorflow as tf  # the writer only; it starts no device
@@ -223,12 +245,12 @@ def write_tfrecords(
     folder = root / "tfrecord"
     folder.mkdir()
 
-    def feature(value: bytes | int) -> Any:
+    def feature(value: bytes | int) -> tf.train.Feature:
         if isinstance(value, bytes):
             return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
         return tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
 
-    out: dict[str, Any] = {"path": str(folder)}
+    shard_names: dict[str, list[str]] = {}
     for split, prefix, shards in (("train", "train", spec.train_shards), ("val", "validation", spec.val_shards)):
         entries = [files[split][k] for k in rng.permutation(len(files[split]))]
         names = []
@@ -256,8 +278,8 @@ def write_tfrecords(
                         )
                     )
                     writer.write(example.SerializeToString())
-        out[prefix] = names
-    return out
+        shard_names[prefix] = names
+    return {"path": str(folder), "train": shard_names["train"], "validation": shard_names["validation"]}
 
 
 def _stored_size(data: bytes) -> tuple[int, int]:

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TypeVar, TypeVarTuple
 
 import numpy as np
 import psutil
@@ -31,7 +32,7 @@ from aiperf.datasets.assemble import (
     streaming_dataset,
 )
 from aiperf.datasets.bad_images import over_limit, too_many_bad_images
-from aiperf.datasets.base import Dataset
+from aiperf.datasets.base import BadImagesMeta, Census, Dataset, DatasetMeta
 from aiperf.datasets.images import GRAYSCALE_MODES, decode_image, is_image_file, probe_image
 from aiperf.errors import AiperfError
 
@@ -40,6 +41,8 @@ MEMORY_SHARE = 0.8  # storage=memory may use at most this share of the head's av
 SPLIT_FOLDERS = ("train", "val")
 
 Files = list[tuple[str, int]]
+T = TypeVar("T")
+Args = TypeVarTuple("Args")
 
 
 def _visible_entries(folder: Path) -> list[os.DirEntry]:
@@ -117,7 +120,7 @@ def _common_size(files: Files, probes: list[tuple[str, tuple[int, int]]]) -> tup
     return first_size
 
 
-def _attempt(fn: Any, *args: Any) -> Any:
+def _attempt(fn: Callable[[*Args], T], *args: *Args) -> T | AiperfError:
     """``fn(*args)``, or the :class:`AiperfError` it raised (a file that cannot be decoded)."""
     try:
         return fn(*args)
@@ -146,7 +149,7 @@ def _relative(root: Path, path: str) -> str:
     return os.path.relpath(path, root)
 
 
-def _check_bad(root: Path, bad: list[str], total: int, cfg: DatasetConfig) -> dict[str, Any]:
+def _check_bad(root: Path, bad: list[str], total: int, cfg: DatasetConfig) -> BadImagesMeta:
     """The ``bad_images`` entry of the dataset's meta; an error when they are too many."""
     if over_limit(len(bad), total, cfg.max_bad_fraction):
         raise AiperfError(f"image_folder: {root}: {too_many_bad_images(bad, total, cfg.max_bad_fraction)}")
@@ -184,7 +187,11 @@ def _in_memory(root: Path, names: list[str], train: Files, val: Files | None, cf
         x_val, y_val = x_train, y_train
     else:
         val, x_val, y_val = decoded(val)
-    meta = {"class_names": names, "storage": "memory", "bad_images": _check_bad(root, bad, len(every_file), cfg)}
+    meta: DatasetMeta = {
+        "class_names": names,
+        "storage": "memory",
+        "bad_images": _check_bad(root, bad, len(every_file), cfg),
+    }
     return in_memory_dataset(
         "image_folder",
         str(root),
@@ -196,7 +203,7 @@ def _in_memory(root: Path, names: list[str], train: Files, val: Files | None, cf
     )
 
 
-def folder_census(train: Files, val: Files | None, root: Path) -> dict[str, Any]:
+def folder_census(train: Files, val: Files | None, root: Path) -> Census:
     """How many image files the folder holds and a digest of their names: what every node must see too."""
     h = hashlib.sha256()
     paths = sorted(_relative(root, path) for path, _ in train + (val or []))
@@ -205,7 +212,7 @@ def folder_census(train: Files, val: Files | None, root: Path) -> dict[str, Any]
     return {"files": len(paths), "digest": h.hexdigest()}
 
 
-def census_of(path: str) -> dict[str, Any]:
+def census_of(path: str) -> Census:
     """:func:`folder_census` of the folder at ``path`` as this machine sees it (run on every node)."""
     root = Path(path)
     _, train, val = scan_folder(root)
@@ -219,7 +226,7 @@ def _streaming(root: Path, names: list[str], train: Files, val: Files | None, cf
         val = train
     assert cfg.image_size is not None
     shape = (cfg.image_size[0], cfg.image_size[1], 3)
-    meta = {
+    meta: DatasetMeta = {
         "class_names": names,
         "storage": "stream",
         "root": str(root),

@@ -17,17 +17,18 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import BinaryIO, TypeVar
 
 import numpy as np
 
 from aiperf.config import DatasetConfig
 from aiperf.datasets.assemble import in_memory_dataset, plan_predefined_split
 from aiperf.datasets.bad_images import over_limit, too_many_bad_images
-from aiperf.datasets.base import Dataset, RecordShards
-from aiperf.datasets.example_proto import parse_features, record_spans
+from aiperf.datasets.base import Census, Dataset, DatasetMeta, RecordShards
+from aiperf.datasets.example_proto import FeatureValue, parse_features, record_spans
 from aiperf.datasets.image_folder import IN_MEMORY_LIMIT_BYTES, choose_storage
 from aiperf.datasets.images import decode_image_bytes
 from aiperf.errors import AiperfError
@@ -39,6 +40,8 @@ LABEL = "image/class/label"
 SYNSET = "image/class/synset"
 
 Spans = list[tuple[int, int]]
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 def find_shards(root: Path) -> dict[str, list[Path]]:
@@ -85,12 +88,12 @@ def shard_spans(path: Path) -> Spans:
         raise AiperfError(f"tfrecord: {path}: not a complete TFRecord file ({exc})") from None
 
 
-def _read_record(fh: Any, span: tuple[int, int]) -> bytes:
+def _read_record(fh: BinaryIO, span: tuple[int, int]) -> bytes:
     fh.seek(span[0])
     return fh.read(span[1])
 
 
-def _label(features: dict[str, Any], where: str, offset: int) -> int:
+def _label(features: dict[str, FeatureValue], where: str, offset: int) -> int:
     value = features.get(LABEL)
     if not isinstance(value, int):
         raise AiperfError(f"tfrecord: {where}: no {LABEL} feature (one int64 per record)")
@@ -120,7 +123,7 @@ def shard_labels(path: Path, spans: Spans, offset: int) -> tuple[np.ndarray, dic
     return labels, synsets
 
 
-def tfrecord_census(shards: dict[str, list[Path]]) -> dict[str, Any]:
+def tfrecord_census(shards: dict[str, list[Path]]) -> Census:
     """The shard files and their sizes: what every node must see the same."""
     h = hashlib.sha256()
     files = [p for split in SPLITS for p in shards[split]]
@@ -129,17 +132,17 @@ def tfrecord_census(shards: dict[str, list[Path]]) -> dict[str, Any]:
     return {"files": len(files), "digest": h.hexdigest()}
 
 
-def census_of(path: str) -> dict[str, Any]:
+def census_of(path: str) -> Census:
     """:func:`tfrecord_census` of the shards at ``path`` as this machine sees them (run on every node)."""
     return tfrecord_census(find_shards(Path(path)))
 
 
-def _map(fn: Any, items: list[Any]) -> list[Any]:
+def _map(fn: Callable[[T], R], items: list[T]) -> list[R]:
     with ThreadPoolExecutor(max_workers=min(16, (os.cpu_count() or 1) * 2)) as pool:
         return list(pool.map(fn, items))
 
 
-def _train_subset(total: int, cfg: DatasetConfig, meta: dict[str, Any]) -> np.ndarray | None:
+def _train_subset(total: int, cfg: DatasetConfig, meta: DatasetMeta) -> np.ndarray | None:
     """A seeded random subset for ``max_train_images`` (labels are inside the records: not stratified)."""
     if cfg.max_train_images is None or cfg.max_train_images >= total:
         return None
@@ -163,7 +166,10 @@ def _decode_split(
                     label = _label(features, where, offset)
                     if label >= num_classes:
                         raise AiperfError(f"{where}: label out of range")
-                    images.append(decode_image_bytes(features.get(ENCODED, b""), where, size))
+                    encoded = features.get(ENCODED, b"")
+                    if not isinstance(encoded, bytes):
+                        raise AiperfError(f"{where}: {ENCODED} is not one bytes value")
+                    images.append(decode_image_bytes(encoded, where, size))
                     labels.append(label)
                 except Exception:  # undecodable record, image or label: skipped and counted
                     bad.append(where)
@@ -178,10 +184,14 @@ def _decode_split(
 
 
 def _in_memory(
-    root: Path, shards: dict[str, list[Path]], spans: dict[str, list[Spans]], cfg: DatasetConfig, meta: dict[str, Any]
+    root: Path,
+    shards: dict[str, list[Path]],
+    spans: dict[str, list[Spans]],
+    cfg: DatasetConfig,
+    meta: DatasetMeta,
+    num_classes: int,
 ) -> Dataset:
     assert cfg.image_size is not None
-    num_classes = int(meta["num_classes"])
     x_train, y_train, bad = _decode_split(
         shards["train"], spans["train"], cfg.image_size, cfg.label_offset, num_classes
     )
@@ -198,7 +208,6 @@ def _in_memory(
         "storage": "memory",
         "bad_images": {"count": len(bad), "files": bad[:100], "max_fraction": cfg.max_bad_fraction},
     }
-    meta.pop("num_classes")
     return in_memory_dataset("tfrecord", str(root), num_classes, (x_train, y_train), (x_val, y_val), plan, meta=meta)
 
 
@@ -224,7 +233,7 @@ def load_tfrecord(cfg: DatasetConfig, memory_limit_bytes: int = IN_MEMORY_LIMIT_
     num_classes = int(val_labels.max()) + 1
     if len(np.unique(val_labels)) < 2:
         raise AiperfError(f"tfrecord: {root}: the validation shards hold only one class; classification needs 2")
-    meta: dict[str, Any] = {
+    meta: DatasetMeta = {
         "root": str(root),
         "census": tfrecord_census(shards),
         "label_offset": cfg.label_offset,
@@ -237,7 +246,7 @@ def load_tfrecord(cfg: DatasetConfig, memory_limit_bytes: int = IN_MEMORY_LIMIT_
     train_size = train_total if keep is None else len(keep)
     storage = choose_storage(f"tfrecord: {root}", cfg, train_size + len(val_labels), memory_limit_bytes)
     if storage == "memory":
-        return _in_memory(root, shards, spans, cfg, {**meta, "num_classes": num_classes})
+        return _in_memory(root, shards, spans, cfg, meta, num_classes)
     meta["split"] = {
         "method": "predefined",
         "seed": cfg.split_seed,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from aiperf.errors import AiperfError
 from nas.graph import Graph, Node, Shape
@@ -57,6 +57,38 @@ LOSS_OPS_PER_STEP = 2  # the batch mean's division and the upstream gradient 1/N
 WEIGHTED_OPS = frozenset({"conv", "dwconv", "dense", "bn"})
 
 
+class LayerCostDict(TypedDict):
+    """A :class:`LayerCost` as JSON holds it."""
+
+    node_id: int
+    label: str
+    op: str
+    output_shape: list[int]
+    params: int
+    macs: int
+    forward: float
+    backward: float
+    inference: float
+    per_step: float
+
+
+class GraphCostDict(TypedDict):
+    """A :class:`GraphCost` as JSON holds it; ``batch_size`` and ``train_per_image`` when a batch size is given."""
+
+    forward: float
+    backward: float
+    loss_forward: float
+    loss_backward: float
+    update_per_step: float
+    eval_per_image: float
+    macs: int
+    params: int
+    trainable_params: int
+    batch_size: NotRequired[int]
+    train_per_image: NotRequired[float]
+    layers: NotRequired[list[LayerCostDict]]  # set last, so it ends the JSON object
+
+
 @dataclass(frozen=True)
 class LayerCost:
     """One node's operations per image (``forward`` is training mode, ``inference`` evaluation mode).
@@ -76,7 +108,7 @@ class LayerCost:
     inference: float = 0.0
     per_step: float = 0.0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> LayerCostDict:
         return {
             "node_id": self.node_id,
             "label": self.label,
@@ -126,8 +158,8 @@ class GraphCost:
         _check_batch_size(batch_size)
         return self.forward + self.backward + self.update_per_step / batch_size
 
-    def to_dict(self, batch_size: int | None = None) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def to_dict(self, batch_size: int | None = None) -> GraphCostDict:
+        out: GraphCostDict = {
             "forward": self.forward,
             "backward": self.backward,
             "loss_forward": self.loss_forward,

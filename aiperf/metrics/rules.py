@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 from aiperf.errors import AiperfError
 from aiperf.metrics.score import Score, compute_score
@@ -48,8 +48,20 @@ class RuleResult:
     required: str
     summary: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, str | bool]:
         return asdict(self)
+
+
+class VerdictDict(TypedDict):
+    """A :class:`Verdict` as the summary holds it."""
+
+    valid: bool
+    official: bool
+    workload: str | None
+    comparable: bool
+    custom: list[str]
+    headline: str
+    rules: list[dict[str, str | bool]]  # RuleResult.to_dict()
 
 
 @dataclass(frozen=True)
@@ -89,7 +101,7 @@ class Verdict:
             why.append(f"workload {self.workload}, not the official {OFFICIAL_WORKLOAD}")
         return f"valid (unofficial: {'; '.join(why)})"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> VerdictDict:
         return {
             "valid": self.valid,
             "official": self.official,

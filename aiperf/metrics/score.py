@@ -14,7 +14,7 @@ import bisect
 import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from aiperf.record.schema import EpochRecord, Record, TrialEndRecord, TrialStartRecord, TrialStatus, of_type
 
@@ -41,7 +41,7 @@ class Score:
     trials_completed: int
     trials_started: int
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, float | None]:  # ints among them (epochs, trials)
         return asdict(self)
 
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 import io
 import math
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import pandas as pd
+from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
 from aiperf.metrics.score import TimelinePoint, format_ops
 
@@ -25,7 +25,7 @@ MAX_LEGEND = 10
 KIND_MARKERS = {"seed": "*", "arch": "o", "tune": "s"}
 
 
-def _figure(width: float = WIDTH, height: float = HEIGHT) -> tuple[Figure, Any]:
+def _figure(width: float = WIDTH, height: float = HEIGHT) -> tuple[Figure, Axes]:
     fig = Figure(figsize=(width, height), dpi=DPI)
     FigureCanvasAgg(fig)
     ax = fig.subplots()
@@ -201,7 +201,9 @@ def lineage(trials: pd.DataFrame) -> bytes | None:
         fig.colorbar(scatter, ax=ax, label="best validation accuracy")
     ax.set_xlabel("trial start (s since run start)", fontsize=9)
     ax.set_ylabel("generation (morphisms from the seed)", fontsize=9)
-    ax.yaxis.get_major_locator().set_params(integer=True)
+    locator = ax.yaxis.get_major_locator()
+    if isinstance(locator, MaxNLocator):  # a new axis's AutoLocator
+        locator.set_params(integer=True)
     ax.set_title(f"Architecture lineage: {len(trials)} trials (parent -> child)", fontsize=10)
     ax.legend(fontsize=7, loc="upper left")
     return _png(fig)

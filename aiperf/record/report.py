@@ -11,11 +11,13 @@ from __future__ import annotations
 import base64
 import html
 import json
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from aiperf.errors import os_error
+from aiperf.metrics.rules import VerdictDict
 from aiperf.metrics.score import format_ops, score_timeline
 from aiperf.record import plots
 from aiperf.record.files import write_atomic
@@ -103,11 +105,11 @@ SORT_SCRIPT = """
 """
 
 
-def _e(value: Any) -> str:
+def _e(value: object) -> str:
     return html.escape("" if value is None else str(value))
 
 
-def _num(value: Any, fmt: str = "{:,}") -> str:
+def _num(value: object, fmt: str = "{:,}") -> str:
     """A right-aligned numeric cell that sorts by its value."""
     if value is None or (isinstance(value, float) and value != value):
         return '<td class="num" data-value="">-</td>'
@@ -120,7 +122,7 @@ def _table(headers: list[str], rows: list[str], sortable: bool = False) -> str:
     return f"<table{cls}><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
 
 
-def _pairs(items: list[tuple[str, Any]]) -> str:
+def _pairs(items: Sequence[tuple[str, object]]) -> str:
     rows = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in items)
     return f'<table class="pairs"><tbody>{rows}</tbody></table>'
 
@@ -144,7 +146,7 @@ def _or_unknown(value: object) -> object:
     return "?" if value is None else value
 
 
-def _verdict_class(verdict: dict[str, Any]) -> str:
+def _verdict_class(verdict: VerdictDict) -> str:
     if not verdict["valid"]:
         return "invalid"
     return "valid" if verdict["official"] else "unofficial"

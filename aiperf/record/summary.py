@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from aiperf.errors import AiperfError, os_error
 from aiperf.metrics.rules import evaluate_rules
@@ -31,13 +31,86 @@ from aiperf.record.schema import (
     WorkerRecord,
     of_type,
 )
-from aiperf.record.telemetry import read_telemetry, shared_machine_notes, summarize_telemetry
+from aiperf.record.telemetry import TelemetrySummary, read_telemetry, shared_machine_notes, summarize_telemetry
 
 SUMMARY_NAME = "summary.json"
 STARVED_FRACTION = 0.10  # a worker waiting longer than this share of its step time for input is starved
 
 
-def _worker_summary(records: list[Record]) -> dict[str, Any]:
+class WorkerLife(TypedDict):
+    """One worker's life as its last ``worker`` record states it."""
+
+    node: str | None
+    busy_fraction: float | None
+    busy_s: float | None
+    compile_s: float | None
+    alive_s: float | None
+    idle_gap_mean_s: float | None
+
+
+class WorkersSummary(TypedDict):
+    """The summary's ``workers`` section."""
+
+    count: int
+    busy_fraction_mean: float | None
+    busy_fraction_min: float | None
+    steady_busy_fraction_mean: float | None
+    idle_gap_mean_s: float | None
+    trials_step_reused: int
+    trials_step_known: int
+    per_worker: dict[str, WorkerLife]
+
+
+class InputSummary(TypedDict):
+    """The summary's ``input`` section: how long the training loops waited for input."""
+
+    storage: str
+    epochs_measured: int
+    data_wait_s: float
+    train_s: float
+    wait_fraction: float | None
+    per_worker_wait_fraction: dict[str, float | None]
+    starved_workers: list[str]
+    starved_threshold: float
+    decode_threads: list[int]
+
+
+class BadImagesSummary(TypedDict):
+    """The summary's ``bad_images`` section: images skipped because they could not be decoded."""
+
+    count: int
+    fraction: float | None
+    files: list[str]  # the first 20
+    max_fraction: float | None
+
+
+class StartFailure(TypedDict):
+    worker: str
+    hostname: str | None
+    node: str | None
+    cause: str
+
+
+class StartFailures(TypedDict):
+    """The summary's ``worker_start_failures`` section."""
+
+    count: int
+    first: StartFailure | None
+
+
+class DeviceSummary(TypedDict):
+    """The summary's ``devices`` section."""
+
+    nodes: int
+    cpus: float
+    gpus: float
+    accelerators: list[str]
+    concurrency: int | None
+    placement: str | None
+    workers_by_device: dict[str, int]  # "kind: name" -> workers
+
+
+def _worker_summary(records: list[Record]) -> WorkersSummary:
     workers = of_type(records, WorkerRecord)
     ends = [r for r in of_type(records, TrialEndRecord) if r.step_reused is not None]
     fractions = [w.busy_fraction for w in workers if w.busy_fraction is not None]
@@ -73,7 +146,7 @@ def _storage(start: RunStartRecord) -> str:
     return dataset.storage or ("stream" if dataset.streaming else "memory")
 
 
-def _input_summary(start: RunStartRecord, records: list[Record]) -> dict[str, Any]:
+def _input_summary(start: RunStartRecord, records: list[Record]) -> InputSummary:
     """How long the training loops waited for input, overall and per worker (from the epoch records)."""
     measured = [r for r in of_type(records, EpochRecord) if r.data_wait_s is not None]
     per_worker: dict[str, list[float]] = {}
@@ -98,7 +171,7 @@ def _input_summary(start: RunStartRecord, records: list[Record]) -> dict[str, An
     }
 
 
-def _bad_images_summary(start: RunStartRecord, records: list[Record]) -> dict[str, Any]:
+def _bad_images_summary(start: RunStartRecord, records: list[Record]) -> BadImagesSummary:
     """Images skipped because they could not be decoded: at load time (in memory) and on the workers."""
     dataset = start.dataset
     at_load_count = dataset.bad_images.count if dataset.bad_images is not None else 0
@@ -116,7 +189,7 @@ def _bad_images_summary(start: RunStartRecord, records: list[Record]) -> dict[st
     }
 
 
-def _start_failures(records: list[Record]) -> dict[str, Any]:
+def _start_failures(records: list[Record]) -> StartFailures:
     failed = of_type(records, WorkerFailedRecord)
     first = failed[0] if failed else None
     return {
@@ -129,7 +202,7 @@ def _start_failures(records: list[Record]) -> dict[str, Any]:
     }
 
 
-def _device_summary(start: RunStartRecord, records: list[Record]) -> dict[str, Any]:
+def _device_summary(start: RunStartRecord, records: list[Record]) -> DeviceSummary:
     plan = start.plan
     devices: dict[str, int] = {}
     for w in of_type(records, WorkerRecord):
@@ -283,7 +356,7 @@ def format_summary(summary: dict[str, Any], run_dir: str | Path) -> str:
     ]
     if summary["status"] == "failed":
         lines.insert(1, f"  failed because       {summary.get('stop_reason')}")
-    workers = summary.get("workers") or {}
+    workers = summary["workers"]  # summarize always writes it, as the sections below
     if workers.get("busy_fraction_mean") is not None:
         lines.insert(-1, f"  workers              {format_workers(workers)}")
     failures = summary.get("worker_start_failures") or {}
@@ -294,7 +367,7 @@ def format_summary(summary: dict[str, Any], run_dir: str | Path) -> str:
             f"  workers not started  {failures['count']}, e.g. worker {first['worker']} on node "
             f"{first.get('hostname') or first.get('node')}: {first['cause']}",
         )
-    for line in format_input(summary.get("input") or {}, summary.get("bad_images") or {}):
+    for line in format_input(summary["input"], summary["bad_images"]):
         lines.insert(-1, line)
     telemetry = summary.get("telemetry")
     if telemetry:
@@ -303,11 +376,13 @@ def format_summary(summary: dict[str, Any], run_dir: str | Path) -> str:
     return "\n".join(lines)
 
 
-def format_workers(w: dict[str, Any]) -> str:
-    """One line: how much of the workers' lives went into training and evaluation steps."""
-    text = f"{w['count']} worker(s), {100 * w['busy_fraction_mean']:.0f}% of their time in train/eval steps"
-    if w.get("steady_busy_fraction_mean") is not None:
-        text += f" ({100 * w['steady_busy_fraction_mean']:.0f}% excluding compilation)"
+def format_workers(w: WorkersSummary) -> str:
+    """One line: how much of the workers' lives went into training and evaluation steps (once measured)."""
+    busy, steady = w["busy_fraction_mean"], w.get("steady_busy_fraction_mean")
+    assert busy is not None  # the caller prints this line only when it was measured
+    text = f"{w['count']} worker(s), {100 * busy:.0f}% of their time in train/eval steps"
+    if steady is not None:
+        text += f" ({100 * steady:.0f}% excluding compilation)"
     if w.get("idle_gap_mean_s") is not None:
         text += f", {w['idle_gap_mean_s']:.2f} s mean gap between trials"
     if w.get("trials_step_known"):
@@ -315,14 +390,15 @@ def format_workers(w: dict[str, Any]) -> str:
     return text
 
 
-def format_input(inp: dict[str, Any], bad: dict[str, Any]) -> list[str]:
+def format_input(inp: InputSummary, bad: BadImagesSummary) -> list[str]:
     """The input pipeline's lines: share of step time spent waiting, starved workers, skipped images."""
     lines = []
-    if inp.get("wait_fraction") is not None:
+    wait_fraction = inp.get("wait_fraction")
+    if wait_fraction is not None:
         how = "streamed" if inp.get("storage") == "stream" else "resident arrays"
         if inp.get("decode_threads"):
             how += f", {'/'.join(str(t) for t in inp['decode_threads'])} decode thread(s) per worker"
-        lines.append(f"  input pipeline       {100 * inp['wait_fraction']:.0f} % of step time waiting ({how})")
+        lines.append(f"  input pipeline       {100 * wait_fraction:.0f} % of step time waiting ({how})")
     if inp.get("starved_workers"):
         starved = inp["starved_workers"]
         lines.append(
@@ -334,7 +410,8 @@ def format_input(inp: dict[str, Any], bad: dict[str, Any]) -> list[str]:
     if bad.get("count"):
         from aiperf.datasets.bad_images import name_a_few
 
-        share = f" ({100 * bad['fraction']:.2f} % of the images)" if bad.get("fraction") is not None else ""
+        fraction = bad.get("fraction")
+        share = f" ({100 * fraction:.2f} % of the images)" if fraction is not None else ""
         lines.append(
             f"  bad images           {bad['count']} skipped, cannot be decoded{share}: "
             f"{name_a_few(bad['files'], bad['count'])}"
@@ -342,18 +419,19 @@ def format_input(inp: dict[str, Any], bad: dict[str, Any]) -> list[str]:
     return lines
 
 
-def format_telemetry(t: dict[str, Any]) -> str:
+def format_telemetry(t: TelemetrySummary) -> str:
     """One line: utilisation, energy and OPS per watt where they were measured."""
     parts = [f"{t['samples']} samples from {t['nodes']} node(s)"]
     if t.get("accelerator_util_mean_percent") is not None:
         parts.append(f"accelerators {t['accelerator_util_mean_percent']:.0f}% busy")
     if t.get("cpu_util_mean_percent") is not None:
         parts.append(f"CPU {t['cpu_util_mean_percent']:.0f}% busy")
-    if t.get("energy_j") is not None:
+    energy, ops_per_watt = t.get("energy_j"), t.get("ops_per_watt")
+    if energy is not None:
         mean_power = f" (mean {t['power_mean_w']:.0f} W)" if t.get("power_mean_w") else ""
-        parts.append(f"accelerator energy {format_ops(t['energy_j'], 'J')}{mean_power}")
-    if t.get("ops_per_watt") is not None:
-        parts.append(format_ops(t["ops_per_watt"], "OPS/W"))
+        parts.append(f"accelerator energy {format_ops(energy, 'J')}{mean_power}")
+    if ops_per_watt is not None:
+        parts.append(format_ops(ops_per_watt, "OPS/W"))
     if t.get("nodes_lost"):
         parts.append(f"{len(t['nodes_lost'])} node(s) stopped answering")
     return ", ".join(parts)

@@ -42,12 +42,17 @@ import math
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, TypeGuard
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TextIO, TypedDict, TypeGuard, TypeVar
 
 from aiperf.errors import AiperfError
 from aiperf.record.files import read_regular
+
+if TYPE_CHECKING:
+    from pynvml import c_nvmlDevice_t
+
 
 logger = logging.getLogger(__name__)
 
@@ -58,9 +63,76 @@ _SAMPLE_TIMEOUT_S = 10.0  # a node slower than this to answer misses the sample,
 # OS, the sampler's neighbours and short-lived tools stay below 5 % on an idle box.
 SHARED_MACHINE_PERCENT = 10.0
 _SESSION = re.compile(r"session_[0-9][\w.-]*")
+T = TypeVar("T")
 
 
-def _nvml_value(call: Any, *args: Any) -> Any:
+class _Node(Protocol):
+    """A node to sample (``aiperf.cluster.resources.NodeInfo``; the cluster layer sits above this one)."""
+
+    node_id: str
+
+
+class MasterProcess(TypedDict, total=False):
+    """The run's master, as the recorder tells each sampler (its CPU time counts as the run's on its host)."""
+
+    pid: int
+    started: float  # the process's create time
+    host: str
+
+
+class AcceleratorSample(TypedDict):
+    """One accelerator of a sample; None where NVML cannot tell."""
+
+    index: int
+    name: str | None
+    util_percent: float | None
+    mem_used_bytes: int | None
+    mem_total_bytes: int | None
+    power_w: float | None
+    outside_util_percent: float | None
+
+
+class NodeSample(TypedDict):
+    """What a node's sampler reports (the recorder adds ``node``, its own ``wall`` and ``node_wall``)."""
+
+    wall: float
+    hostname: str
+    cpu_percent: float
+    cpus: int
+    cpu_busy_s: float
+    run_cpu_s: float
+    host_mem_used_bytes: int
+    host_mem_total_bytes: int
+    accelerators: list[AcceleratorSample]
+
+
+class CpuShares(TypedDict):
+    """CPU time of the run and of everything else on its hosts, in % of their capacity (None: not measured)."""
+
+    cpu_run_percent: float | None
+    cpu_outside_percent: float | None
+
+
+class TelemetrySummary(CpuShares):
+    """The ``telemetry`` section of the summary."""
+
+    samples: int
+    nodes: int
+    nodes_lost: list[str]
+    interval_s: float | None
+    span_s: float
+    cpu_util_mean_percent: float | None
+    host_mem_peak_bytes: int | None
+    accelerators: int
+    accelerator_util_mean_percent: float | None
+    accelerator_mem_peak_bytes: int | None
+    power_mean_w: float | None
+    energy_j: float | None
+    ops_per_watt: float | None
+    accelerator_outside_util_mean_percent: float | None
+
+
+def _nvml_value(call: Callable[..., T], *args: object) -> T | None:
     """One NVML query; ``None`` when the device does not support it (power on some boards) or it fails."""
     try:
         return call(*args)
@@ -68,7 +140,7 @@ def _nvml_value(call: Any, *args: Any) -> Any:
         return None
 
 
-def host_busy_cpu_s(psutil: Any) -> float:
+def host_busy_cpu_s(psutil: ModuleType) -> float:
     """CPU seconds the host has been busy since boot: user, nice, system and interrupts (not idle, I/O wait, steal)."""
     times = psutil.cpu_times()
     return float(sum(getattr(times, name, 0.0) for name in ("user", "nice", "system", "irq", "softirq")))
@@ -85,7 +157,9 @@ class RunProcesses:
     and a reused PID is not mistaken for it.
     """
 
-    def __init__(self, psutil: Any, session: str | None, master_pid: int | None, master_started: float | None) -> None:
+    def __init__(
+        self, psutil: ModuleType, session: str | None, master_pid: int | None, master_started: float | None
+    ) -> None:
         self._psutil = psutil
         self.session = session
         self.master = (master_pid, master_started)
@@ -141,7 +215,7 @@ class RunProcesses:
         return self.cpu_s
 
 
-def _ray_session(psutil: Any) -> str | None:
+def _ray_session(psutil: ModuleType) -> str | None:
     """The Ray session directory name (``session_2026-...``) from the raylet this process descends from."""
     try:
         proc = psutil.Process()
@@ -164,7 +238,7 @@ class NodeSampler:
     counts as the run's on the host it runs on.
     """
 
-    def __init__(self, master: dict[str, Any] | None = None) -> None:
+    def __init__(self, master: MasterProcess | None = None) -> None:
         import socket
 
         import psutil
@@ -184,7 +258,7 @@ class NodeSampler:
         self.run.update()
         self._gpu_seen: dict[int, int] = {}  # NVML timestamp of the last per-process sample read, per device
 
-    def sample(self) -> dict[str, Any]:
+    def sample(self) -> NodeSample:
         mem = self._psutil.virtual_memory()
         run_cpu_s = self.run.update()
         return {
@@ -199,8 +273,9 @@ class NodeSampler:
             "accelerators": [self._accelerator(k, h) for k, h in enumerate(self._handles)],
         }
 
-    def _accelerator(self, index: int, handle: Any) -> dict[str, Any]:
+    def _accelerator(self, index: int, handle: c_nvmlDevice_t) -> AcceleratorSample:
         nvml = self._nvml
+        assert nvml is not None  # there are handles only while NVML is open
         name = _nvml_value(nvml.nvmlDeviceGetName, handle)
         util = _nvml_value(nvml.nvmlDeviceGetUtilizationRates, handle)
         memory = _nvml_value(nvml.nvmlDeviceGetMemoryInfo, handle)
@@ -215,7 +290,7 @@ class NodeSampler:
             "outside_util_percent": self._outside_gpu_util(index, handle),
         }
 
-    def _outside_gpu_util(self, index: int, handle: Any) -> float | None:
+    def _outside_gpu_util(self, index: int, handle: c_nvmlDevice_t) -> float | None:
         """SM utilisation of processes outside the run since the last sample, where NVML can tell.
 
         ``nvmlDeviceGetProcessUtilization`` returns samples newer than the timestamp passed;
@@ -249,7 +324,7 @@ class NodeSampler:
             _nvml_value(self._nvml.nvmlShutdown)
 
 
-def _open_nvml() -> tuple[Any, list[Any]]:
+def _open_nvml() -> tuple[ModuleType | None, list[c_nvmlDevice_t]]:
     """(pynvml, device handles) when NVML works on this node, else (None, [])."""
     try:
         import pynvml
@@ -271,15 +346,15 @@ class TelemetryRecorder:
             raise AiperfError(f"telemetry interval must be positive, got {interval_s}")
         self.path = Path(run_dir) / TELEMETRY_NAME
         self.interval_s = float(interval_s)
-        self._actors: dict[str, Any] = {}
+        self._actors: dict[str, Any] = {}  # node id -> its sampler's Ray actor handle
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._fh: Any = None
+        self._fh: TextIO | None = None
         self.samples = 0
         self.failure: str | None = None  # why telemetry stopped early, if it did
         self.on_warning: Callable[[str], None] = lambda message: None
 
-    def start(self, nodes: list[Any]) -> None:
+    def start(self, nodes: Sequence[_Node]) -> None:
         """Place one sampler on each node and begin polling (the first sample is taken at once).
 
         Telemetry that cannot start (its file cannot be opened) is reported and skipped: the
@@ -300,7 +375,7 @@ class TelemetryRecorder:
             self._give_up(f"cannot write {self.path} ({exc.strerror or exc})")
             return
         me = psutil.Process()
-        master = {"pid": me.pid, "started": me.create_time(), "host": platform.node()}
+        master: MasterProcess = {"pid": me.pid, "started": me.create_time(), "host": platform.node()}
         remote = ray.remote(num_cpus=0, max_restarts=0)(NodeSampler)
         for node in nodes:
             strategy = NodeAffinitySchedulingStrategy(node.node_id, soft=False)
@@ -382,7 +457,7 @@ class TelemetryRecorder:
 # --- reading and summarising ----------------------------------------------------------------
 
 
-def _number(value: Any, low: float = 0.0, high: float = 1e300) -> TypeGuard[float]:
+def _number(value: object, low: float = 0.0, high: float = 1e300) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= high
 
 
@@ -391,7 +466,7 @@ _SAMPLE_BYTES = ("host_mem_used_bytes", "host_mem_total_bytes")
 _DEVICE_NUMBERS = ("util_percent", "mem_used_bytes", "mem_total_bytes", "power_w", "outside_util_percent")
 
 
-def _clean_sample(sample: Any) -> dict[str, Any] | None:
+def _clean_sample(sample: object) -> dict[str, Any] | None:
     """A sample with every field a reader uses of the right type (a wrong one becomes None), or None.
 
     ``telemetry.jsonl`` is not part of the hash chain and may be edited: a line that is not
@@ -437,7 +512,7 @@ def read_telemetry(run_dir: str | Path) -> list[dict[str, Any]]:
     return out
 
 
-def _no_constant(name: str) -> Any:
+def _no_constant(name: str) -> NoReturn:
     raise ValueError(name)
 
 
@@ -464,7 +539,7 @@ def _energy_j(samples: list[dict[str, Any]]) -> float | None:
 
 def summarize_telemetry(
     samples: list[dict[str, Any]], total_ops: float, interval_s: float | None = None
-) -> dict[str, Any]:
+) -> TelemetrySummary:
     """Mean utilisation, peak memory, mean power, energy and OPS per watt of a run's samples.
 
     ``power_mean_w`` is the mean total accelerator power (energy over the sampled span).
@@ -498,7 +573,7 @@ def summarize_telemetry(
     }
 
 
-def cpu_shares(samples: list[dict[str, Any]]) -> dict[str, float | None]:
+def cpu_shares(samples: list[dict[str, Any]]) -> CpuShares:
     """CPU time of the run and of everything else on its hosts, as shares of their CPU capacity.
 
     For each sampler, between its consecutive samples: the host's busy CPU seconds, of which
@@ -531,7 +606,7 @@ def cpu_shares(samples: list[dict[str, Any]]) -> dict[str, float | None]:
     return {"cpu_run_percent": 100.0 * run / capacity, "cpu_outside_percent": 100.0 * outside / capacity}
 
 
-def shared_machine_notes(telemetry: dict[str, Any]) -> list[str]:
+def shared_machine_notes(telemetry: TelemetrySummary) -> list[str]:
     """``shared machine: 47 % of CPU time outside the run`` (and GPU) when at least ``SHARED_MACHINE_PERCENT``."""
     notes = []
     for key, what in (("cpu_outside_percent", "CPU"), ("accelerator_outside_util_mean_percent", "GPU")):

@@ -75,7 +75,7 @@ MAX_LISTED = 10
 MAX_SUMMARY_BYTES = 16 * 1024 * 1024  # a real summary.json is a few kilobytes
 
 
-def describe(record: Record | dict[str, Any]) -> str:
+def describe(record: Record | dict[str, object]) -> str:
     """``seq 12 (epoch t00003 epoch 2)``: how a message points at a record.
 
     A record is named by the fields it was written with: the chain check describes raw JSON
@@ -110,7 +110,7 @@ def _close(a: object, b: object) -> bool:
 # --- 1. the hash chain ------------------------------------------------------------------------
 
 
-def check_chain(records: list[dict[str, Any]]) -> list[str]:
+def check_chain(records: list[dict[str, object]]) -> list[str]:
     """Sequence numbers, ``prev`` links and each record's own hash, in file order.
 
     It takes the ledger's JSON objects, shapes unchecked: a record too damaged to read as its
@@ -122,13 +122,12 @@ def check_chain(records: list[dict[str, Any]]) -> list[str]:
         where = f"line {line + 1}, {describe(rec)}"
         if rec.get("hash") != record_hash(rec):
             problems.append(f"{where}: its content does not match its hash (the record was edited)")
-        if rec.get("seq") != line:
+        seq = rec.get("seq")
+        if seq != line:
             if line in seqs[line + 1 :]:
                 problems.append(f"{where}: expected seq {line} here; it comes later (records were reordered)")
-            elif isinstance(rec.get("seq"), int) and rec["seq"] > line:
-                problems.append(
-                    f"{where}: expected seq {line}; seq {line}..{rec['seq'] - 1} missing (records were removed)"
-                )
+            elif isinstance(seq, int) and seq > line:
+                problems.append(f"{where}: expected seq {line}; seq {line}..{seq - 1} missing (records were removed)")
             else:
                 problems.append(f"{where}: expected seq {line} (a record was duplicated or inserted)")
         expected_prev = records[line - 1].get("hash") if line else ""

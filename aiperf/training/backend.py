@@ -23,11 +23,15 @@ import tempfile
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 
 from aiperf.errors import AiperfError
+
+if TYPE_CHECKING:
+    import keras
+    import tensorflow as tf
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +59,16 @@ def check_backend_installed(backend: str) -> None:
         )
 
 
+class NvidiaGpu(TypedDict):
+    """One GPU as nvidia-smi reports it."""
+
+    index: int  # nvidia-smi's numbering (CUDA_VISIBLE_DEVICES refers to it)
+    name: str
+    memory_bytes: int
+    compute_capability: tuple[int, int] | None
+    driver: str
+
+
 @dataclass
 class DeviceInfo:
     """What one worker process can compute on."""
@@ -65,7 +79,7 @@ class DeviceInfo:
     memory_bytes: int = 0  # per accelerator (0 for CPU)
     compute_capability: tuple[int, int] | None = None
     cpu_model: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, str | None] = field(default_factory=dict)  # the GPU driver's version
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -188,7 +202,7 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def nvidia_gpus() -> list[dict[str, Any]]:
+def nvidia_gpus() -> list[NvidiaGpu]:
     """GPUs visible to this process as nvidia-smi reports them (empty without a driver)."""
     if not shutil.which("nvidia-smi"):
         return []
@@ -204,7 +218,7 @@ def nvidia_gpus() -> list[dict[str, Any]]:
     except (OSError, subprocess.SubprocessError):
         return []
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    rows = []
+    rows: list[NvidiaGpu] = []
     for k, line in enumerate(out.strip().splitlines()):
         parts = [p.strip() for p in line.split(",")]
         if len(parts) < 4:
@@ -247,15 +261,17 @@ def describe_device(backend: str) -> DeviceInfo:
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if count == 0:
         return DeviceInfo("cpu", cpu_model(), cpu_model=cpu_model())
-    first = gpus[0] if gpus else {}
+    if not gpus:  # the backend sees GPUs that nvidia-smi does not list
+        return DeviceInfo("gpu", "gpu", count, 0, None, cpu_model(), {"driver": None})
+    first = gpus[0]
     return DeviceInfo(
         "gpu",
-        first.get("name", "gpu"),
+        first["name"],
         count,
-        first.get("memory_bytes", 0),
-        first.get("compute_capability"),
+        first["memory_bytes"],
+        first["compute_capability"],
         cpu_model(),
-        {"driver": first.get("driver")},
+        {"driver": first["driver"]},
     )
 
 
@@ -342,8 +358,8 @@ class DataParallel:
 
     def __init__(self, backend: str, devices: int) -> None:
         self.devices = max(1, int(devices))
-        self._distribution: Any = None
-        self._strategy: Any = None
+        self._distribution: keras.distribution.DataParallel | None = None
+        self._strategy: tf.distribute.MirroredStrategy | None = None
         if self.devices == 1:
             return
         if backend == "jax":
@@ -379,6 +395,6 @@ class DataParallel:
 
             keras.distribution.set_distribution(self._distribution)
 
-    def scope(self) -> AbstractContextManager[Any]:
+    def scope(self) -> AbstractContextManager[object]:
         """The context in which models are built and compiled."""
         return self._strategy.scope() if self._strategy is not None else contextlib.nullcontext()

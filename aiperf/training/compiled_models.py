@@ -14,11 +14,14 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from nas.graph import Graph
+
+if TYPE_CHECKING:
+    from keras import Model
 
 
 def compile_key(graph: Graph) -> str:
@@ -33,12 +36,12 @@ class CompiledModel:
     """A built, compiled model and the optimizer state it had before its first step."""
 
     key: str
-    model: Any
+    model: Model
     optimizer_start: list[np.ndarray]
     trials: int = 0  # trials trained on it so far
 
     @classmethod
-    def capture(cls, key: str, model: Any) -> CompiledModel:
+    def capture(cls, key: str, model: Model) -> CompiledModel:
         """Record a just-compiled model (its optimizer built, not yet stepped)."""
         return cls(key, model, [np.array(v.numpy() if hasattr(v, "numpy") else v) for v in model.optimizer.variables])
 

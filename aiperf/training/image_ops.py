@@ -18,7 +18,7 @@ target size, as resident datasets are stored; the model's input layer scales it.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
 import tensorflow as tf
 
@@ -28,25 +28,28 @@ CROP_ASPECT = (3 / 4, 4 / 3)
 CROP_ATTEMPTS = 10
 CENTRE_FRACTION = 0.875
 
+# (height, width) of an image -> the crop window (top, left, height, width), all int32 tensors.
+Window = Callable[[tf.Tensor], tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]]
 
-def is_jpeg(data: Any) -> Any:
+
+def is_jpeg(data: tf.Tensor) -> tf.Tensor:
     return tf.equal(tf.strings.substr(data, 0, 3), JPEG_MAGIC)
 
 
-def _decode_other(data: Any) -> Any:
+def _decode_other(data: tf.Tensor) -> tf.Tensor:
     image = tf.io.decode_image(data, channels=3, dtype=tf.uint8, expand_animations=False)
     image.set_shape([None, None, 3])
     return image
 
 
-def decode_cropped(data: Any, window: Any) -> Any:
+def decode_cropped(data: tf.Tensor, window: Window) -> tf.Tensor:
     """Decode ``data`` and keep ``window(height_width) -> (top, left, height, width)`` of it."""
 
-    def jpeg() -> Any:
+    def jpeg() -> tf.Tensor:
         top, left, height, width = window(tf.image.extract_jpeg_shape(data)[:2])
         return tf.image.decode_and_crop_jpeg(data, tf.stack([top, left, height, width]), channels=3)
 
-    def other() -> Any:
+    def other() -> tf.Tensor:
         image = _decode_other(data)
         top, left, height, width = window(tf.shape(image)[:2])
         return tf.slice(image, tf.stack([top, left, 0]), tf.stack([height, width, 3]))
@@ -56,10 +59,10 @@ def decode_cropped(data: Any, window: Any) -> Any:
     return image
 
 
-def random_window(seed: Any) -> Any:
+def random_window(seed: tf.Tensor) -> Window:
     """The random-resized crop's window for an image of a given (height, width)."""
 
-    def window(size: Any) -> tuple[Any, Any, Any, Any]:
+    def window(size: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
         begin, extent, _ = tf.image.stateless_sample_distorted_bounding_box(
             image_size=tf.concat([size, [3]], axis=0),
             bounding_boxes=tf.constant([[[0.0, 0.0, 1.0, 1.0]]]),
@@ -75,10 +78,10 @@ def random_window(seed: Any) -> Any:
     return window
 
 
-def centre_window(target: tuple[int, int]) -> Any:
+def centre_window(target: tuple[int, int]) -> Window:
     """The centre crop with the target's aspect ratio, ``CENTRE_FRACTION`` of the image's shorter extent."""
 
-    def window(size: Any) -> tuple[Any, Any, Any, Any]:
+    def window(size: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
         h, w = tf.cast(size[0], tf.float32), tf.cast(size[1], tf.float32)
         scale = CENTRE_FRACTION * tf.minimum(h / target[0], w / target[1])
         height = tf.clip_by_value(tf.cast(tf.round(target[0] * scale), tf.int32), 1, size[0])
@@ -88,12 +91,12 @@ def centre_window(target: tuple[int, int]) -> Any:
     return window
 
 
-def _to_uint8(image: Any, size: tuple[int, int]) -> Any:
+def _to_uint8(image: tf.Tensor, size: tuple[int, int]) -> tf.Tensor:
     image = tf.saturate_cast(tf.round(image), tf.uint8)
     return tf.ensure_shape(image, [size[0], size[1], 3])
 
 
-def train_image(data: Any, size: tuple[int, int], seed: Any) -> Any:
+def train_image(data: tf.Tensor, size: tuple[int, int], seed: tf.Tensor) -> tf.Tensor:
     """Random-resized crop + horizontal flip of an encoded image, as uint8 ``size + (3,)``."""
     image = decode_cropped(data, random_window(seed))
     image = tf.image.resize(image, size, method="bilinear")
@@ -101,7 +104,7 @@ def train_image(data: Any, size: tuple[int, int], seed: Any) -> Any:
     return _to_uint8(image, size)
 
 
-def eval_image(data: Any, size: tuple[int, int]) -> Any:
+def eval_image(data: tf.Tensor, size: tuple[int, int]) -> tf.Tensor:
     """Centre crop of an encoded image resized to ``size``, as uint8 ``size + (3,)``."""
     image = decode_cropped(data, centre_window(size))
     return _to_uint8(tf.image.resize(image, size, method="bilinear"), size)

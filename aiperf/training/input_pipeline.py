@@ -22,9 +22,31 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import keras
+    from tensorflow import Tensor, Variable
+    from tensorflow.data import Dataset as TFDataset
+
+
+class FitArgs(TypedDict):
+    """The input arguments of one ``model.fit`` call: the pipeline on TensorFlow, else a batch generator."""
+
+    x: TFDataset | Iterator[tuple[np.ndarray, np.ndarray]]
+    shuffle: bool
+
+
+class InputStats(TypedDict):
+    """What an epoch's input delivered (``stats()`` of :class:`TrainInput` and of the streamed input)."""
+
+    steps: int
+    images: int
+    data_wait_s: float
+    skipped: np.ndarray  # indices of the training images that could not be decoded
+    build_s: NotRequired[float]  # streamed input: seconds building the epoch's pipeline (part of data_wait_s)
 
 
 class TrainInput:
@@ -38,10 +60,10 @@ class TrainInput:
         self.images = self.steps * self.batch
         self.seed = int(seed)
         self._wait_s, self._steps = 0.0, 0
-        self._counters: tuple[Any, Any] | None = None  # TensorFlow: (seconds waited, batches delivered)
+        self._counters: tuple[Variable, Variable] | None = None  # TensorFlow: (seconds waited, batches delivered)
         self._dataset = self._tf_dataset() if backend == "tensorflow" else None
 
-    def _tf_dataset(self) -> Any:
+    def _tf_dataset(self) -> TFDataset:
         import tensorflow as tf
 
         wait_s = tf.Variable(0.0, dtype=tf.float64, trainable=False)
@@ -54,7 +76,7 @@ class TrainInput:
         batches_of = index.take(self.images).batch(self.batch)
         pipeline = batches_of.map(lambda i: (tf.gather(xs, i), tf.gather(ys, i))).prefetch(1)
 
-        def deliver(requested: Any, images: Any, labels: Any) -> tuple[Any, Any]:
+        def deliver(requested: Tensor, images: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
             with tf.control_dependencies([wait_s.assign_add(tf.timestamp() - requested), delivered.assign_add(1)]):
                 return tf.identity(images), tf.identity(labels)
 
@@ -81,7 +103,7 @@ class TrainInput:
         for var in self._counters or ():
             var.assign(tf_zero(var))
 
-    def fit_kwargs(self, epoch: int) -> dict[str, Any]:
+    def fit_kwargs(self, epoch: int) -> FitArgs:
         """Arguments for one ``model.fit(..., epochs=1)`` call covering epoch ``epoch``."""
         self._wait_s, self._steps = 0.0, 0
         if self._dataset is not None:
@@ -94,7 +116,7 @@ class TrainInput:
         """Images the last epoch could not decode: none, the arrays are decoded already (as the streamed input's)."""
         return np.empty(0, np.int64)
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> InputStats:
         """What the last epoch trained on: steps, images, seconds waiting for batches (nothing is skipped)."""
         if self._counters is not None:
             wait_s, steps = float(self._counters[0].numpy()), int(self._counters[1].numpy())
@@ -108,7 +130,7 @@ class TrainInput:
         }
 
 
-def tf_zero(var: Any) -> Any:
+def tf_zero(var: Variable) -> float | int:
     """Zero of a TensorFlow variable's dtype."""
     return 0.0 if var.dtype.is_floating else 0
 
@@ -128,6 +150,6 @@ def padded(x: np.ndarray, batch: int) -> np.ndarray:
     return np.concatenate([x, np.zeros((extra, *x.shape[1:]), dtype=x.dtype)])
 
 
-def predict_all(model: Any, x: np.ndarray, batch: int) -> np.ndarray:
+def predict_all(model: keras.Model, x: np.ndarray, batch: int) -> np.ndarray:
     """Logits of every image of ``x``, computed in full batches only."""
     return np.asarray(model.predict(padded(x, batch), batch_size=batch, verbose=0))[: len(x)]

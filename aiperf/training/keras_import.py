@@ -22,13 +22,17 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from aiperf.errors import AiperfError
 from nas.errors import NasError
 from nas.graph import Graph, Node, make_node
+
+if TYPE_CHECKING:
+    from keras import KerasTensor, Layer, Model
 
 Weights = dict[int, list[np.ndarray]]
 KERAS_FILE_SUFFIXES = (".keras", ".h5", ".hdf5")
@@ -48,11 +52,19 @@ _ACTIVATIONS = {
 }
 
 
-def _cannot(layer: Any, why: str) -> AiperfError:
+class _KerasNode(Protocol):
+    """A node of Keras's functional graph: one call of a layer (or a nested model) on its input tensors."""
+
+    operation: Layer
+    input_tensors: list[KerasTensor]
+    outputs: list[KerasTensor]
+
+
+def _cannot(layer: Layer, why: str) -> AiperfError:
     return AiperfError(f"cannot import layer {layer.name!r} ({type(layer).__name__}): {why}")
 
 
-def _pair(value: Any) -> tuple[int, int]:
+def _pair(value: int | Sequence[int]) -> tuple[int, int]:
     """A Keras kernel size, stride or pool size (an int or two of them) as two ints."""
     if isinstance(value, int):
         return (value, value)
@@ -63,13 +75,13 @@ def _pair(value: Any) -> tuple[int, int]:
 class _Importer:
     """Walks a functional model's layer graph and emits graph nodes and their weights."""
 
-    def __init__(self, keras: Any) -> None:
+    def __init__(self, keras: ModuleType) -> None:
         self.keras = keras
         self.nodes: list[Node] = []
         self.weights: Weights = {}
         self.layer_of: dict[int, str] = {}  # node id -> "'name' (Class)" for error messages
         L = keras.layers
-        self.handlers: dict[type, Callable[[Any, list[int], list[tuple], list[np.ndarray]], int]] = {
+        self.handlers: dict[type, Callable[[Layer, list[int], list[tuple], list[np.ndarray]], int]] = {
             L.Conv2D: self._conv,
             L.DepthwiseConv2D: self._dwconv,
             L.SeparableConv2D: self._separable,
@@ -94,7 +106,7 @@ class _Importer:
     # --- emitting nodes ----------------------------------------------------------------------
     def emit(
         self,
-        layer: Any,
+        layer: Layer | None,
         op: str,
         inputs: Sequence[int],
         attrs: dict[str, Any] | None = None,
@@ -113,14 +125,14 @@ class _Importer:
             self.layer_of[node_id] = f"{layer.name!r} ({type(layer).__name__})"
         return node_id
 
-    def fused_activation(self, layer: Any, x: int) -> int:
+    def fused_activation(self, layer: Layer, x: int) -> int:
         name = getattr(layer.activation, "__name__", None)
         if name not in _ACTIVATIONS:
             raise _cannot(layer, f"activation {name or layer.activation!r} is not supported")
         return x if name == "linear" else self.emit(layer, "act", [x], {"fn": _ACTIVATIONS[name]})
 
     # --- walking the functional graph ------------------------------------------------------------
-    def run_model(self, model: Any, input_ids: list[int]) -> int:
+    def run_model(self, model: Model, input_ids: list[int]) -> int:
         """Inline ``model`` reading graph nodes ``input_ids``; returns the node of its output."""
         inputs, outputs = _model_io(model)
         if len(inputs) != len(input_ids):
@@ -142,7 +154,7 @@ class _Importer:
             values[id(knode.outputs[0])] = out
         return values[id(outputs[0])]
 
-    def convert(self, layer: Any, knode: Any, args: list[int]) -> int:
+    def convert(self, layer: Layer, knode: _KerasNode, args: list[int]) -> int:
         handler = self.handlers.get(type(layer))
         if handler is None:
             if isinstance(layer, self.keras.layers.InputLayer):
@@ -158,13 +170,13 @@ class _Importer:
         return handler(layer, args, in_shapes, layer.get_weights())
 
     # --- one handler per layer type --------------------------------------------------------------
-    def _check_undilated(self, layer: Any) -> None:
+    def _check_undilated(self, layer: Layer) -> None:
         if _pair(layer.dilation_rate) != (1, 1):
             raise _cannot(layer, f"dilation_rate {_pair(layer.dilation_rate)} is not supported (only 1)")
         if layer.padding not in ("same", "valid"):
             raise _cannot(layer, f"padding {layer.padding!r} is not supported")
 
-    def _conv(self, layer: Any, args: list[int], shapes: list[tuple], w: list[np.ndarray]) -> int:
+    def _conv(self, layer: Layer, args: list[int], shapes: list[tuple], w: list[np.ndarray]) -> int:
         self._check_undilated(layer)
         attrs = {
             "filters": layer.filters,
@@ -176,7 +188,7 @@ class _Importer:
         }
         return self.fused_activation(layer, self.emit(layer, "conv", args, attrs, w))
 
-    def _dwconv(self, layer: Any, args: list[int], shapes: list[tuple], w: list[np.ndarray]) -> int:
+    def _dwconv(self, layer: Layer, args: list[int], shapes: list[tuple], w: list[np.ndarray]) -> int:
         self._check_undilated(layer)
         attrs = {
             "kernel": _pair(layer.kernel_size),
@@ -187,7 +199,7 @@ class _Importer:
         }
         return self.fused_activation(layer, self.emit(layer, "dwconv", args, attrs, w))
 
-    def _separable(self, layer: Any, args: list[int], shapes: list[tuple], w: list[np.ndarray]) -> int:
+    def _separable(self, layer: Layer, args: list[int], shapes: list[tuple], w: list[np.ndarray]) -> int:
         self._check_undilated(layer)
         depthwise, pointwise, *bias = w
         dw = {
@@ -201,7 +213,7 @@ class _Importer:
         pw = {"filters": layer.filters, "kernel": (1, 1), "use_bias": layer.use_bias}
         return self.fused_activation(layer, self.emit(layer, "conv", [x], pw, [pointwise, *bias]))
 
-    def _bn(self, layer: Any, args: list[int], shapes: list[tuple], w: list[np.ndarray]) -> int:
+    def _bn(self, layer: Layer, args: list[int], shapes: list[tuple], w: list[np.ndarray]) -> int:
         rank = len(shapes[0])
         if layer.axis not in (-1, rank):
             raise _cannot(layer, f"normalises axis {layer.axis}, only the channel (last) axis is supported")
@@ -212,28 +224,28 @@ class _Importer:
         mean, var = arrays
         return self.emit(layer, "bn", args, {"epsilon": float(layer.epsilon)}, [gamma, beta, mean, var])
 
-    def _relu(self, layer: Any, args: list[int], shapes: list[tuple], w: list[np.ndarray]) -> int:
+    def _relu(self, layer: Layer, args: list[int], shapes: list[tuple], w: list[np.ndarray]) -> int:
         max_value = None if layer.max_value is None else float(layer.max_value)
         if float(layer.negative_slope) != 0.0 or float(layer.threshold) != 0.0 or max_value not in (None, 6.0):
             raise _cannot(layer, "only ReLU without slope or threshold, capped at nothing or 6, is supported")
         return self.emit(layer, "act", args, {"fn": "relu" if max_value is None else "relu6"})
 
-    def _activation(self, layer: Any, args: list[int], shapes: list[tuple], w: list[np.ndarray]) -> int:
+    def _activation(self, layer: Layer, args: list[int], shapes: list[tuple], w: list[np.ndarray]) -> int:
         return self.fused_activation(layer, args[0])
 
-    def _softmax(self, layer: Any, args: list[int], shapes: list[tuple], w: list[np.ndarray]) -> int:
+    def _softmax(self, layer: Layer, args: list[int], shapes: list[tuple], w: list[np.ndarray]) -> int:
         axes = layer.axis if isinstance(layer.axis, (list, tuple)) else [layer.axis]
         if list(axes) not in ([-1], [len(shapes[0])]):
             raise _cannot(layer, f"softmax over axis {layer.axis} (only the last axis is supported)")
         return self.emit(layer, "act", args, {"fn": "softmax"})
 
-    def _dense(self, layer: Any, args: list[int], shapes: list[tuple], w: list[np.ndarray]) -> int:
+    def _dense(self, layer: Layer, args: list[int], shapes: list[tuple], w: list[np.ndarray]) -> int:
         if len(shapes[0]) != 1:
             raise _cannot(layer, f"input of shape {shapes[0]}: only dense layers on vectors are supported")
         attrs = {"units": layer.units, "use_bias": layer.use_bias}
         return self.fused_activation(layer, self.emit(layer, "dense", args, attrs, w))
 
-    def _pool(self, layer: Any, args: list[int], shapes: list[tuple], w: list[np.ndarray]) -> int:
+    def _pool(self, layer: Layer, args: list[int], shapes: list[tuple], w: list[np.ndarray]) -> int:
         mode = "max" if isinstance(layer, self.keras.layers.MaxPooling2D) else "avg"
         if layer.padding not in ("same", "valid"):
             raise _cannot(layer, f"padding {layer.padding!r} is not supported")
@@ -245,36 +257,36 @@ class _Importer:
         }
         return self.emit(layer, "pool", args, attrs)
 
-    def _gpool(self, layer: Any, args: list[int], shapes: list[tuple], w: list[np.ndarray]) -> int:
+    def _gpool(self, layer: Layer, args: list[int], shapes: list[tuple], w: list[np.ndarray]) -> int:
         mode = "max" if isinstance(layer, self.keras.layers.GlobalMaxPooling2D) else "avg"
         return self.emit(layer, "gpool", args, {"mode": mode, "keepdims": bool(layer.keepdims)})
 
-    def _dropout(self, layer: Any, args: list[int], shapes: list[tuple], w: list[np.ndarray]) -> int:
+    def _dropout(self, layer: Layer, args: list[int], shapes: list[tuple], w: list[np.ndarray]) -> int:
         if getattr(layer, "noise_shape", None) is not None:
             raise _cannot(layer, "dropout with a noise_shape is not supported")
         return self.emit(layer, "dropout", args, {"rate": float(layer.rate)})
 
-    def _flatten(self, layer: Any, args: list[int], shapes: list[tuple], w: list[np.ndarray]) -> int:
+    def _flatten(self, layer: Layer, args: list[int], shapes: list[tuple], w: list[np.ndarray]) -> int:
         return self.emit(layer, "flatten", args)
 
-    def _reshape(self, layer: Any, args: list[int], shapes: list[tuple], w: list[np.ndarray]) -> int:
+    def _reshape(self, layer: Layer, args: list[int], shapes: list[tuple], w: list[np.ndarray]) -> int:
         if any(d is None or d < 0 for d in layer.target_shape):
             raise _cannot(layer, f"target shape {layer.target_shape} must be fully specified")
         return self.emit(layer, "reshape", args, {"shape": tuple(int(d) for d in layer.target_shape)})
 
-    def _zeropad(self, layer: Any, args: list[int], shapes: list[tuple], w: list[np.ndarray]) -> int:
+    def _zeropad(self, layer: Layer, args: list[int], shapes: list[tuple], w: list[np.ndarray]) -> int:
         (top, bottom), (left, right) = layer.padding
         return self.emit(layer, "zeropad", args, {"pad": (top, bottom, left, right)})
 
-    def _add(self, layer: Any, args: list[int], shapes: list[tuple], w: list[np.ndarray]) -> int:
+    def _add(self, layer: Layer, args: list[int], shapes: list[tuple], w: list[np.ndarray]) -> int:
         return self.emit(layer, "add", args)
 
-    def _concat(self, layer: Any, args: list[int], shapes: list[tuple], w: list[np.ndarray]) -> int:
+    def _concat(self, layer: Layer, args: list[int], shapes: list[tuple], w: list[np.ndarray]) -> int:
         if layer.axis not in (-1, len(shapes[0])):
             raise _cannot(layer, f"concatenates axis {layer.axis}, only the channel (last) axis is supported")
         return self.emit(layer, "concat", args)
 
-    def _identity(self, layer: Any, args: list[int], shapes: list[tuple], w: list[np.ndarray]) -> int:
+    def _identity(self, layer: Layer, args: list[int], shapes: list[tuple], w: list[np.ndarray]) -> int:
         return args[0]
 
     # --- the result -------------------------------------------------------------------------------
@@ -305,7 +317,7 @@ class _Importer:
         return re.sub(r"\bn(\d+)_[a-z]+\b", name, message)
 
 
-def _model_io(model: Any) -> tuple[list[Any], list[Any]]:
+def _model_io(model: Model) -> tuple[list[KerasTensor], list[KerasTensor]]:
     try:
         inputs, outputs = list(model.inputs), list(model.outputs)
     except (AttributeError, ValueError, TypeError):
@@ -318,14 +330,14 @@ def _model_io(model: Any) -> tuple[list[Any], list[Any]]:
     return inputs, outputs
 
 
-def _topological_nodes(outputs: list[Any], known: dict[int, int]) -> list[Any]:
+def _topological_nodes(outputs: list[KerasTensor], known: dict[int, int]) -> list[_KerasNode]:
     """The Keras graph nodes computing ``outputs`` from the ``known`` tensors, inputs first."""
 
-    def producer(tensor: Any) -> Any:
+    def producer(tensor: KerasTensor) -> _KerasNode:
         operation, node_index, _ = tensor._keras_history
         return operation._inbound_nodes[node_index]
 
-    order: list[Any] = []
+    order: list[_KerasNode] = []
     state: dict[int, bool] = {}  # False: visiting, True: done
     stack = [(producer(t), False) for t in reversed(outputs) if id(t) not in known]
     while stack:
@@ -342,12 +354,12 @@ def _topological_nodes(outputs: list[Any], known: dict[int, int]) -> list[Any]:
     return order
 
 
-def _graph_name(model: Any) -> str:
+def _graph_name(model: Model) -> str:
     name = "".join(c if c.isprintable() and c != "/" else "_" for c in str(model.name))
     return name[:200]
 
 
-def import_keras(model: Any) -> tuple[Graph, Weights]:
+def import_keras(model: Model) -> tuple[Graph, Weights]:
     """The architecture graph of a Keras model and its weights by node id (see the module docstring)."""
     import keras
 
@@ -365,12 +377,12 @@ def import_keras(model: Any) -> tuple[Graph, Weights]:
     return importer.finish(output, _graph_name(model))
 
 
-def graph_from_keras(model: Any) -> Graph:
+def graph_from_keras(model: Model) -> Graph:
     """The architecture graph of a Keras 3 functional or Sequential model."""
     return import_keras(model)[0]
 
 
-def weights_from_keras(model: Any, graph: Graph) -> Weights:
+def weights_from_keras(model: Model, graph: Graph) -> Weights:
     """The model's weights keyed by the node ids of ``graph`` (which must be this model's import).
 
     With them, ``aiperf.training.model.build_model(graph)`` computes the same function as ``model``.
@@ -381,7 +393,7 @@ def weights_from_keras(model: Any, graph: Graph) -> Weights:
     return weights
 
 
-def load_keras_file(path: str | Path) -> Any:
+def load_keras_file(path: str | Path) -> Model:
     """Load a ``.keras`` or ``.h5`` model file (safe mode: no arbitrary code) without compiling it."""
     import keras
 

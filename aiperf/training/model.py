@@ -9,11 +9,15 @@ their layer and how the FLOP cross-check finds the graph node.
 from __future__ import annotations
 
 import re
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from nas.graph import Graph, Node
+
+if TYPE_CHECKING:
+    from keras import DTypePolicy, Initializer, Layer, Model
 
 Weights = dict[int, list[np.ndarray]]
 PIXELS_LAYER = "pixels"
@@ -36,7 +40,7 @@ def he_normal_values(shape: tuple[int, ...], dtype: str = "float32") -> np.ndarr
     return (values * std).astype(dtype)
 
 
-def _host_he_normal(keras: Any) -> Any:
+def _host_he_normal(keras: Any) -> Initializer:  # keras: the module (see trial_sgd)
     """Keras's He-normal initialiser, drawn with NumPy on the host (:func:`he_normal_values`).
 
     On the JAX backend Keras's own random initialisers compile one XLA program per kernel
@@ -45,7 +49,7 @@ def _host_he_normal(keras: Any) -> Any:
     """
 
     class HostHeNormal(keras.initializers.Initializer):
-        def __call__(self, shape: tuple[int, ...], dtype: Any = None) -> Any:
+        def __call__(self, shape: tuple[int, ...], dtype: str | None = None) -> Any:  # the backend's tensor type
             return keras.ops.convert_to_tensor(he_normal_values(tuple(shape), dtype or "float32"))
 
         def get_config(self) -> dict[str, Any]:
@@ -75,9 +79,9 @@ def initial_weights(graph: Graph) -> Weights:
     return out
 
 
-def _layer(node: Node, keras: Any, dtype: Any, bn_momentum: float, output: bool) -> Any:
+def _layer(node: Node, keras: ModuleType, dtype: DTypePolicy | None, bn_momentum: float, output: bool) -> Layer:
     a, name, L = node.attrs, node.label, keras.layers
-    kw: dict[str, Any] = {"name": name, "dtype": "float32" if output else dtype}
+    kw: dict[str, str | DTypePolicy | None] = {"name": name, "dtype": "float32" if output else dtype}
     if node.op == "conv":
         return L.Conv2D(
             a["filters"],
@@ -140,7 +144,7 @@ def build_model(
     bn_momentum: float = 0.9,
     pixel_scale: float | None = None,
     pixel_offset: float = 0.0,
-) -> Any:
+) -> Model:
     """Build the Keras functional model of ``graph`` (outputs float32 logits).
 
     With ``pixel_scale`` an input ``Rescaling`` layer named ``pixels`` maps stored pixel
@@ -162,7 +166,7 @@ def build_model(
     return keras.Model(inp, values[out_id], name=re.sub(r"[^\w.-]", "_", graph.name or "net"))
 
 
-def get_weights(model: Any, graph: Graph) -> Weights:
+def get_weights(model: Model, graph: Graph) -> Weights:
     """The model's weights as ``{node_id: [arrays in Keras order]}`` (float32 NumPy)."""
     out: Weights = {}
     for node in graph.nodes:
@@ -171,7 +175,7 @@ def get_weights(model: Any, graph: Graph) -> Weights:
     return out
 
 
-def set_weights(model: Any, graph: Graph, weights: Weights) -> int:
+def set_weights(model: Model, graph: Graph, weights: Weights) -> int:
     """Load the given layers' weights; returns how many layers were set. Shapes must match."""
     count = 0
     for node_id, arrays in weights.items():

@@ -21,18 +21,22 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from nas.graph import Graph
+
+if TYPE_CHECKING:
+    from keras import Model, Variable
 
 COSINE_ALPHA = 0.01  # the schedule ends at 1 % of the base rate
 NO_DECAY = ("bias", "gamma", "beta")  # variables weight decay leaves alone
 
 
 @functools.cache
-def trial_sgd(keras: Any) -> type:
+def trial_sgd(keras: Any) -> type:  # keras: the module, untyped (mypy cannot subclass a module's attribute)
     """The optimizer class (made once per process: Keras is imported by then)."""
     ops = keras.ops
 
@@ -45,23 +49,23 @@ def trial_sgd(keras: Any) -> type:
             self.decay_steps = self.add_variable((), initializer="ones", dtype="float32", name="decay_steps")
             self.decay = self.add_variable((), initializer="zeros", dtype="float32", name="weight_decay_rate")
             self.momentum_rate = self.add_variable((), initializer="zeros", dtype="float32", name="momentum_rate")
-            self.momentums: list[Any] = []
+            self.momentums: list[Variable] = []
             self._decays: list[bool] = []
 
-        def _scheduled_rate(self) -> Any:
+        def _scheduled_rate(self) -> Any:  # a scalar tensor of the backend's own type
             """Cosine decay from ``base_rate`` to ``COSINE_ALPHA`` of it over ``decay_steps`` steps."""
             step = ops.minimum(ops.cast(self.iterations, "float32"), self.decay_steps)
             cosine = 0.5 * (1.0 + ops.cos(math.pi * step / self.decay_steps))
             return self.base_rate * ((1.0 - COSINE_ALPHA) * cosine + COSINE_ALPHA)
 
-        def build(self, variables: list[Any]) -> None:
+        def build(self, variables: list[Variable]) -> None:
             if self.built:
                 return
             super().build(variables)
             self.momentums = self.add_optimizer_variables(variables, "momentum")
             self._decays = [not any(part in v.name for part in NO_DECAY) for v in variables]
 
-        def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
+        def update_step(self, gradient: Any, variable: Variable, learning_rate: Any) -> None:
             index = self._get_variable_index(variable)
             rate = ops.cast(learning_rate, variable.dtype)
             gradient = ops.cast(gradient, variable.dtype)
@@ -80,14 +84,14 @@ def trial_sgd(keras: Any) -> type:
 
 
 @functools.cache
-def runtime_dropout(keras: Any) -> type:
+def runtime_dropout(keras: Any) -> type:  # keras: the module (see trial_sgd)
     """The dropout layer class; a subclass of ``keras.layers.Dropout``, so it reads as one."""
     ops = keras.ops
 
     class RuntimeDropout(keras.layers.Dropout):
         """Dropout whose rate the compiled step reads from a variable (``rate`` mirrors it)."""
 
-        def build(self, input_shape: Any) -> None:
+        def build(self, input_shape: tuple[int | None, ...]) -> None:
             self.rate_value = self.add_weight(
                 shape=(), initializer=keras.initializers.Constant(self.rate), trainable=False, name="rate"
             )
@@ -112,7 +116,7 @@ def runtime_dropout(keras: Any) -> type:
 
 
 def set_trial_hparams(
-    model: Any, graph: Graph, hparams: dict[str, Any], momentum: float, steps: tuple[int, int], seed: int
+    model: Model, graph: Graph, hparams: Mapping[str, float], momentum: float, steps: tuple[int, int], seed: int
 ) -> None:
     """Write one trial's hyperparameters into a compiled model's variables.
 

@@ -38,11 +38,19 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from aiperf.datasets.base import Dataset, RecordShards
+from aiperf.training.input_pipeline import FitArgs, InputStats
+
+if TYPE_CHECKING:
+    import keras
+    from tensorflow import Tensor
+    from tensorflow.data import Dataset as TFDataset
+    from tensorflow.data import Options
 
 PREFETCH_BATCHES = 2
 TOO_MANY_BAD = "aiperf: too many images cannot be decoded"
@@ -51,7 +59,7 @@ ENCODED = "image/encoded"
 LABEL = "image/class/label"
 
 
-def import_tensorflow(backend: str) -> Any:
+def import_tensorflow(backend: str) -> ModuleType:
     """TensorFlow for tf.data; in a JAX or torch worker it must not claim the GPUs (it would take
     their memory) nor start a full-size thread pool next to the framework's."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -67,7 +75,7 @@ def import_tensorflow(backend: str) -> Any:
     return tf
 
 
-def _options(tf: Any, threads: int) -> Any:
+def _options(tf: ModuleType, threads: int) -> Options:
     options = tf.data.Options()
     options.autotune.enabled = False
     options.deterministic = True
@@ -94,11 +102,11 @@ class _Source:
         """Every index the split holds (an epoch reads each once)."""
         raise NotImplementedError
 
-    def elements(self, tf: Any, threads: int, order_seed: int | None) -> Any:
+    def elements(self, tf: ModuleType, threads: int, order_seed: int | None) -> TFDataset:
         """The items of one pass, shuffled with ``order_seed`` (None: in order)."""
         raise NotImplementedError
 
-    def load(self, tf: Any, *item: Any) -> tuple[Any, Any, Any]:
+    def load(self, tf: ModuleType, *item: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         raise NotImplementedError
 
 
@@ -113,18 +121,18 @@ class FileSource(_Source):
         self.paths = np.array([p.encode() for p, _ in files], dtype=bytes)
         self.labels = np.array([label for _, label in files], dtype=np.int32)
         self.size = self.capacity = len(files)
-        self._tensors: tuple[Any, Any] | None = None
+        self._tensors: tuple[Tensor, Tensor] | None = None
 
     def planned(self) -> np.ndarray:
         return np.arange(self.size, dtype=np.int64)
 
-    def elements(self, tf: Any, threads: int, order_seed: int | None) -> Any:
+    def elements(self, tf: ModuleType, threads: int, order_seed: int | None) -> TFDataset:
         if self._tensors is None:
             self._tensors = (tf.constant(self.paths), tf.constant(self.labels))
         order = self.planned() if order_seed is None else np.random.default_rng(order_seed).permutation(self.size)
         return tf.data.Dataset.from_tensor_slices((order.astype(np.int64),))
 
-    def load(self, tf: Any, *item: Any) -> tuple[Any, Any, Any]:
+    def load(self, tf: ModuleType, *item: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         (index,) = item
         assert self._tensors is not None
         paths, labels = self._tensors
@@ -144,7 +152,7 @@ class ShardSource(_Source):
     def planned(self) -> np.ndarray:
         return self.shards.indices()
 
-    def elements(self, tf: Any, threads: int, order_seed: int | None) -> Any:
+    def elements(self, tf: ModuleType, threads: int, order_seed: int | None) -> TFDataset:
         paths = np.array(self.shards.paths, dtype=str)
         starts = self.shards.starts()
         order = (
@@ -153,7 +161,7 @@ class ShardSource(_Source):
         shards = tf.data.Dataset.from_tensor_slices((paths[order], starts[order]))
         cycle = min(SHARDS_INTERLEAVED, len(paths))
 
-        def records(path: Any, start: Any) -> Any:
+        def records(path: Tensor, start: Tensor) -> TFDataset:
             return tf.data.TFRecordDataset(path).enumerate().map(lambda k, record: (record, start + k))
 
         items = shards.interleave(
@@ -168,7 +176,7 @@ class ShardSource(_Source):
             items = items.shuffle(self.shuffle_buffer, seed=order_seed % 2**63, reshuffle_each_iteration=False)
         return items
 
-    def load(self, tf: Any, *item: Any) -> tuple[Any, Any, Any]:
+    def load(self, tf: ModuleType, *item: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         record, index = item
         features = {ENCODED: tf.io.FixedLenFeature([], tf.string), LABEL: tf.io.FixedLenFeature([], tf.int64)}
         example = tf.io.parse_single_example(record, features)
@@ -189,7 +197,7 @@ def source_for(dataset: Dataset, split: str, shuffle_buffer: int) -> _Source:
 class _Counters:
     """The pipeline's running totals, as TensorFlow variables its functions update."""
 
-    def __init__(self, tf: Any, capacity: int) -> None:
+    def __init__(self, tf: ModuleType, capacity: int) -> None:
         self.tf = tf
         self.wait_s = tf.Variable(0.0, dtype=tf.float64, trainable=False)
         self.delivered = tf.Variable(0, dtype=tf.int64, trainable=False)
@@ -231,7 +239,7 @@ class TrainStream:
         self._python_wait_s, self._python_steps = 0.0, 0
         self._build_s = 0.0
 
-    def _pipeline(self, epoch: int) -> Any:
+    def _pipeline(self, epoch: int) -> TFDataset:
         from aiperf.training.image_ops import train_image
 
         tf, c, batch = self.tf, self.counters, self.batch
@@ -240,7 +248,7 @@ class TrainStream:
         seed0 = tf.constant(self.seed % 2**62, tf.int64)
         base = tf.constant(epoch * 2**32, tf.int64)
 
-        def decode(*item: Any) -> tuple[Any, Any, Any]:
+        def decode(*item: Tensor) -> tuple[Tensor, Tensor, Tensor]:
             attempt = c.attempted.assign_add(1)
             tried = c.tried.scatter_nd_update(tf.reshape(item[-1], [1, 1]), [attempt])  # item[-1]: the index
             with tf.control_dependencies([tried]):  # recorded before reading, which may fail
@@ -250,7 +258,7 @@ class TrainStream:
 
         in_flight = tf.constant(self._in_flight(), tf.int64)
 
-        def mark(images: Any, labels: Any, index: Any) -> tuple[Any, Any]:
+        def mark(images: Tensor, labels: Tensor, index: Tensor) -> tuple[Tensor, Tensor]:
             marked = c.marked.assign_add(tf.size(index, out_type=tf.int64))
             update = c.seen.scatter_nd_update(tf.expand_dims(index, 1), tf.ones_like(index, tf.bool))
             surely_bad = c.attempted.read_value() - marked - in_flight
@@ -260,7 +268,7 @@ class TrainStream:
             with tf.control_dependencies([update, check]):
                 return tf.identity(images), tf.identity(labels)
 
-        def strip(requested: Any, images: Any, labels: Any) -> tuple[Any, Any]:
+        def strip(requested: Tensor, images: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
             with tf.control_dependencies([c.wait_s.assign_add(tf.timestamp() - requested), c.delivered.assign_add(1)]):
                 return tf.ensure_shape(images, [batch, *self.size, 3]), tf.identity(labels)
 
@@ -279,7 +287,7 @@ class TrainStream:
         a model's metrics on TensorFlow with a distribution strategy)."""
         return 2 * (self.batch + 2 * self.threads)
 
-    def _python_batches(self, pipeline: Any) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def _python_batches(self, pipeline: TFDataset) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         t0 = time.perf_counter()
         iterator = iter(pipeline)
         self._python_wait_s += time.perf_counter() - t0
@@ -299,7 +307,7 @@ class TrainStream:
             self.counters.wait_s.assign(0.0)
             self.counters.delivered.assign(0)
 
-    def fit_kwargs(self, epoch: int) -> dict[str, Any]:
+    def fit_kwargs(self, epoch: int) -> FitArgs:
         """Arguments for one ``model.fit(..., epochs=1)`` call covering epoch ``epoch``."""
         self.counters.reset()
         self._python_wait_s, self._python_steps = 0.0, 0
@@ -308,7 +316,7 @@ class TrainStream:
         self._build_s = time.perf_counter() - t0
         return {"x": pipeline if self.native else self._python_batches(pipeline), "shuffle": False}
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> InputStats:
         """What the last epoch trained on: steps, images, data wait, and the indices it skipped."""
         c = self.counters
         seen = c.seen.numpy()
@@ -345,13 +353,13 @@ class EvalStream:
         self.batch, self.threads = int(batch), max(1, threads)
         self.size = (int(dataset.input_shape[0]), int(dataset.input_shape[1]))  # (height, width)
 
-    def _pipeline(self) -> Any:
+    def _pipeline(self) -> TFDataset:
         from aiperf.training.image_ops import eval_image
 
         tf = self.tf
         source = self.source
 
-        def decode(*item: Any) -> tuple[Any, Any, Any]:
+        def decode(*item: Tensor) -> tuple[Tensor, Tensor, Tensor]:
             data, label, index = source.load(tf, *item)
             return eval_image(data, self.size), label, index
 
@@ -359,7 +367,7 @@ class EvalStream:
         ds = ds.ignore_errors().batch(self.batch).prefetch(PREFETCH_BATCHES)
         return ds.with_options(_options(tf, self.threads))
 
-    def predict(self, model: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    def predict(self, model: keras.Model) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
         """(logits, labels, skipped indices, seconds waited for input) over the whole split.
 
         Every batch the model sees is full: the last one is padded with zero images whose

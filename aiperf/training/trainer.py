@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -34,8 +34,11 @@ from aiperf.training.model import build_model, get_weights, initial_weights, set
 from aiperf.training.runtime_hparams import set_trial_hparams
 from aiperf.training.stream_input import TOO_MANY_BAD
 from aiperf.training.trial import TrialSpec, Weights, apply_hparams, inherit_weights
+from nas.graph import Graph
 
 if TYPE_CHECKING:
+    import keras
+
     from aiperf.training.stream_input import TrainStream
 
 ACTIVATION_MEMORY_FRACTION = 0.6
@@ -69,13 +72,13 @@ def batch_limit(activation_bytes_per_image: float, device_memory_bytes: int, max
     return max(1, min(max_batch, 2 ** int(math.log2(fit))))
 
 
-def activation_bytes(graph: Any, precision: str) -> float:
+def activation_bytes(graph: Graph, precision: str) -> float:
     """Bytes of activations kept for the backward pass per image (every node's output, x2 for grads)."""
     width = 2 if "16" in precision else 4
     return 2.0 * width * sum(math.prod(graph.shape(n.id)) for n in graph.nodes)
 
 
-def build_step_state(model: Any) -> None:
+def build_step_state(model: keras.Model) -> None:
     """Create the compiled metrics' and loss's variables now, not inside the first trace of the train step.
 
     Keras's TensorFlow trainer leaves them to the first trace when no distribution strategy
@@ -103,14 +106,14 @@ class _FirstStepTimer:
     may have drawn a batch before, from an iterator it then drops, to build the model's metrics.
     """
 
-    def __init__(self, keras: Any, on_train_begin: Any) -> None:
+    def __init__(self, keras: Any, on_train_begin: Callable[[], None]) -> None:  # keras: the module (see trial_sgd)
         outer = self
 
         class _Callback(keras.callbacks.Callback):
-            def on_train_begin(self, logs: Any = None) -> None:
+            def on_train_begin(self, logs: dict[str, float] | None = None) -> None:
                 on_train_begin()
 
-            def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+            def on_train_batch_begin(self, batch: int, logs: dict[str, float] | None = None) -> None:
                 if batch == 1 and outer.first_end is None:
                     outer.first_end = time.perf_counter()
 
@@ -128,7 +131,7 @@ class TrialRunner:
 
         self.dataset = dataset
         self.settings = settings
-        self.last_model: Any = None  # the most recent trial's model, for inspection
+        self.last_model: keras.Model | None = None  # the most recent trial's model, for inspection
         self.backend = backend or keras.backend.backend()
         self._parallel = DataParallel(self.backend, settings.data_parallel)
         self.bad_limit = bad_image_limit(dataset.train_size + dataset.val_size, settings.max_bad_fraction)
@@ -145,7 +148,7 @@ class TrialRunner:
 
         return TrainStream(ds, batch, seed, self.backend, s.decode_threads, self.bad_limit, s.shuffle_buffer)
 
-    def _evaluate(self, model: Any, batch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _evaluate(self, model: keras.Model, batch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(logits, labels, skipped validation indices) over the whole validation split."""
         ds = self.dataset
         if not ds.streaming:
@@ -176,7 +179,7 @@ class TrialRunner:
         return AiperfError(f"{ds.name}: {message}")
 
     # -- pieces --------------------------------------------------------------------------------
-    def _compile(self, model: Any) -> None:
+    def _compile(self, model: keras.Model) -> None:
         """Compile once per model: every trial's hyperparameters are variables the step reads."""
         import keras
 
@@ -196,11 +199,11 @@ class TrialRunner:
             if self.settings.data_parallel <= 1:
                 build_step_state(model)
 
-    def _build(self, graph: Any, weights: Weights | None) -> Any:
+    def _build(self, graph: Graph, weights: Weights | None) -> keras.Model:
         with self._parallel.scope():
             return self._build_in_scope(graph, weights)
 
-    def _build_in_scope(self, graph: Any, weights: Weights | None) -> Any:
+    def _build_in_scope(self, graph: Graph, weights: Weights | None) -> keras.Model:
         model = build_model(
             graph,
             dtype_policy=self.settings.precision,
@@ -212,7 +215,7 @@ class TrialRunner:
             set_weights(model, graph, weights)
         return model
 
-    def _model_for(self, graph: Any, weights: Weights | None) -> tuple[CompiledModel, bool]:
+    def _model_for(self, graph: Graph, weights: Weights | None) -> tuple[CompiledModel, bool]:
         """A compiled model of ``graph`` holding ``weights`` (a fresh start if None), and whether it was reused.
 
         Either way the model starts from the same state: the kept model gets the weights a
@@ -236,7 +239,7 @@ class TrialRunner:
         self.compiled.keep(entry)
         return entry, False
 
-    def _prepare(self, entry: CompiledModel, graph: Any, spec: TrialSpec, steps: tuple[int, int]) -> None:
+    def _prepare(self, entry: CompiledModel, graph: Graph, spec: TrialSpec, steps: tuple[int, int]) -> None:
         """Write this trial's hyperparameters and restart point into the compiled model."""
         set_trial_hparams(entry.model, graph, spec.hparams, self.settings.momentum, steps, spec.seed)
         entry.trials += 1
@@ -417,7 +420,7 @@ def classification_metrics(logits: np.ndarray, labels: np.ndarray) -> tuple[floa
     return loss, acc
 
 
-def evaluate_weights(dataset: Dataset, graph: Any, weights: Weights, settings: TrainerSettings) -> float:
+def evaluate_weights(dataset: Dataset, graph: Graph, weights: Weights, settings: TrainerSettings) -> float:
     """Validation accuracy of given weights (used by tests and by the verify tooling)."""
     runner = TrialRunner(dataset, settings)
     model = runner._build(graph, weights)

@@ -8,6 +8,7 @@ weights into the child's (the master never spends CPU on weight surgery).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -28,7 +29,7 @@ class TrialSpec:
     trial_id: str
     kind: str
     graph: dict[str, Any]
-    hparams: dict[str, Any]
+    hparams: dict[str, float]  # nas.defaults.Hparams: learning_rate, batch_size, ... (ints are whole numbers)
     seed: int
     parent_graph: dict[str, Any] | None = None  # set when weights are inherited
     morphs: list[dict[str, Any]] = field(default_factory=list)
@@ -53,7 +54,7 @@ class TrialSpec:
         return graph_from_dict(self.graph)
 
 
-def apply_hparams(graph: Graph, hparams: dict[str, Any]) -> Graph:
+def apply_hparams(graph: Graph, hparams: Mapping[str, float]) -> Graph:
     """The graph as it must be built for these hyperparameters (the dropout rate on every dropout).
 
     Lives beside the trial spec, not the model builder, so the master can compute the
