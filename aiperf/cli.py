@@ -19,15 +19,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
-import logging
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from aiperf.errors import AiperfError, excerpt
+from aiperf.errors import AiperfError, excerpt, first_line
 from nas.errors import NasError
+
+if TYPE_CHECKING:
+    from nas.graph import Graph
 
 
 class _Parser(argparse.ArgumentParser):
@@ -70,16 +72,10 @@ def _version() -> str:
 
 
 def _configure_logging(verbosity: int) -> None:
-    """Module loggers of ``aiperf`` and ``nas`` to stderr at the level ``-v`` asks for (quiet by default)."""
-    if verbosity <= 0:
-        return
-    level = logging.INFO if verbosity == 1 else logging.DEBUG
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    for name in ("aiperf", "nas"):
-        log = logging.getLogger(name)
-        log.setLevel(level)
-        log.addHandler(handler)
+    """Warnings of ``aiperf`` and ``nas`` on stderr always; what the engine does with ``-v`` (info), ``-vv`` (debug)."""
+    from aiperf.logs import configure
+
+    configure(verbosity)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -207,12 +203,25 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _cmd_flops(args: argparse.Namespace) -> int:
-    from aiperf.metrics.flops_cli import flops_command
+    from aiperf.metrics.flops_report import flops_report
 
     if args.batch_size < 1:
         raise AiperfError("--batch-size must be at least 1")
-    print(flops_command(args.file, as_json=args.json, batch_size=args.batch_size), file=_stdout())
+    graph = _load_graph(args.file)
+    name = graph.name or Path(args.file).stem
+    print(flops_report(graph, name, as_json=args.json, batch_size=args.batch_size), file=_stdout())
     return 0
+
+
+def _load_graph(path: str) -> Graph:
+    """An architecture JSON (``nas.serialize``) or a saved Keras model (``.keras``, ``.h5``), as a graph."""
+    from aiperf.training.keras_import import KERAS_FILE_SUFFIXES, graph_from_keras_file
+
+    if Path(path).suffix.lower() in KERAS_FILE_SUFFIXES:
+        return graph_from_keras_file(path)
+    from nas.serialize import load
+
+    return load(path)
 
 
 def _shown(path: Any) -> str:
@@ -394,12 +403,6 @@ def _error(message: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
 
-def _first_line(exc: BaseException, limit: int = 300) -> str:
-    text = str(exc).strip()
-    line = text.splitlines()[0] if text else ""
-    return line if len(line) <= limit else line[: limit - 3] + "..."
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     _standard_streams()
     try:
@@ -426,12 +429,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         where = f"{_shown(exc.filename)}: " if exc.filename else ""
         name = errno.errorcode.get(exc.errno, "") if exc.errno else ""
-        _error(f"aiperf: error: {where}{exc.strerror or _first_line(exc)}{f' ({name})' if name else ''}")
+        _error(f"aiperf: error: {where}{exc.strerror or first_line(exc)}{f' ({name})' if name else ''}")
         return 1
     except Exception as exc:
         if os.environ.get("AIPERF_DEBUG"):
             raise
-        _error(f"aiperf: unexpected error: {type(exc).__name__}: {_first_line(exc)} (set AIPERF_DEBUG=1 for details)")
+        _error(f"aiperf: unexpected error: {type(exc).__name__}: {first_line(exc)} (set AIPERF_DEBUG=1 for details)")
         return 1
 
 

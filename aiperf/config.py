@@ -53,7 +53,8 @@ class RunConfig(_Section):
     seed: int = Field(0, ge=0, le=MAX_SEED)
     results_dir: str = "results"
     progress_interval_s: float = Field(5.0, gt=0, le=MAX_INTERVAL_S)
-    # A sample costs about 10 ms of CPU (NodeSampler.sample, 103 processes, the 2-core dev box).
+    # At least 0.1 s: every sample costs each host CPU time (NodeSampler.sample walks all its processes;
+    # the measured cost: benchmarks/RESULTS.md, "Figures moved from code comments").
     telemetry_interval_s: float = Field(5.0, ge=0.1, le=MAX_INTERVAL_S)
     grace_s: float = Field(
         0.0, ge=0, le=MAX_DURATION_S, description="after the budget, wait this long for running epochs to end"

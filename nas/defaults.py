@@ -1,7 +1,7 @@
 """The search's default settings, in one place: the run config (``aiperf.config``) reads them too.
 
 A tiny module with no heavy imports, so that the config (loaded by every command) does not pay
-for importing the search itself (SciPy and Optuna: about 0.75 s).
+for importing the search itself (SciPy and Optuna; the import time: benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations

@@ -513,9 +513,6 @@ class Graph:
 
         return graph_to_dict(self)
 
-    def replace_nodes(self, nodes: Iterable[Node]) -> Graph:
-        return Graph(nodes, name=self.name)
-
     def with_attrs(self, op: str, **attrs: Any) -> Graph:
         """A copy where every node of ``op`` has ``attrs`` overridden (e.g. all dropout rates)."""
         nodes = [make_node(n.id, n.op, n.inputs, {**n.attrs, **attrs}) if n.op == op else n for n in self.nodes]

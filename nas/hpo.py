@@ -95,13 +95,6 @@ class HyperparameterSpace:
         for name, value in clean.items():
             object.__setattr__(self, name, value)
 
-    @classmethod
-    def from_mapping(cls, data: Mapping[str, Any]) -> HyperparameterSpace:
-        unknown = sorted(set(data) - set(cls.__dataclass_fields__))
-        if unknown:
-            raise NasError(f"hyperparameter space: unknown key {unknown[0]!r}")
-        return cls(**dict(data))
-
     def distributions(self) -> dict[str, BaseDistribution]:
         """One Optuna distribution per key of HPARAM_KEYS."""
         return {

@@ -337,27 +337,44 @@ def test_bad_image_counts_are_one_line_errors(bad):
 # --- the ``aiperf flops`` command --------------------------------------------------------------------------
 
 
-def test_flops_command_on_an_architecture_file(tmp_path):
+def _flops(capsys, *args: str) -> str:
+    """What ``aiperf flops ARGS`` prints on stdout (it must succeed)."""
+    from aiperf.cli import main
+
+    assert main(["flops", *args]) == 0
+    return capsys.readouterr().out
+
+
+def test_flops_command_on_an_architecture_file(tmp_path, capsys):
     import json
 
-    from aiperf.metrics.flops_cli import flops_command
     from nas.serialize import save
 
     graph = zoo.small_resnet()
     path = tmp_path / "arch.json"
     save(graph, path)
     cost = count_flops(graph)
-    text = flops_command(str(path), batch_size=32)
+    text = _flops(capsys, str(path), "--batch-size", "32")
     assert f"{graph.output_node.label}" in text and f"{round(cost.train_per_image(32)):,}" in text
     assert "AIPerf-compatible" in text
-    doc = json.loads(flops_command(str(path), as_json=True, batch_size=32))
+    doc = json.loads(_flops(capsys, str(path), "--json", "--batch-size", "32"))
     assert doc["forward"] == cost.forward and doc["train_per_image"] == cost.train_per_image(32)
     assert doc["aiperf_compatible"]["eval_per_image"] == aiperf_compatible_per_image(graph)[0]
 
 
-def test_flops_command_on_a_saved_keras_model(tmp_path):
+def test_flops_report_names_the_graph_as_told():
+    import json
+
+    from aiperf.metrics.flops_report import flops_report
+
+    graph = zoo.small_resnet()
+    assert flops_report(graph, "mine").startswith(f"mine: {len(graph)} nodes")
+    assert json.loads(flops_report(graph, "mine", as_json=True))["architecture"] == "mine"
+
+
+def test_flops_command_on_a_saved_keras_model(tmp_path, capsys):
     keras = pytest.importorskip("keras")
-    from aiperf.metrics.flops_cli import flops_command, load_graph
+    from aiperf.training.keras_import import graph_from_keras_file
 
     inputs = keras.Input((8, 8, 3))
     x = keras.layers.Conv2D(4, 3, padding="same", activation="relu")(inputs)
@@ -365,20 +382,23 @@ def test_flops_command_on_a_saved_keras_model(tmp_path):
     model = keras.Model(inputs, keras.layers.Dense(5)(x))
     path = tmp_path / "net.keras"
     model.save(path)
-    graph = load_graph(str(path))
+    graph = graph_from_keras_file(str(path))
     assert count_flops(graph).macs == 8 * 8 * 3 * 3 * 3 * 4 + 4 * 5
-    assert f"{count_flops(graph).macs:,}" in flops_command(str(path))
+    assert f"{count_flops(graph).macs:,}" in _flops(capsys, str(path))
 
 
 @pytest.mark.parametrize(
     ("content", "message"),
     [(None, "no such file"), ("{not json", "invalid JSON"), ('{"format": "other"}', "not an architecture file")],
 )
-def test_flops_command_reports_bad_files_in_one_line(tmp_path, content, message):
-    from aiperf.metrics.flops_cli import flops_command
+def test_flops_command_reports_bad_files_in_one_line(tmp_path, capsys, content, message):
+    import re
+
+    from aiperf.cli import main
 
     path = tmp_path / "arch.json"
     if content is not None:
         path.write_text(content)
-    with pytest.raises(AiperfError, match=message):
-        flops_command(str(path))
+    assert main(["flops", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and re.search(message, err), err

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import os
 import shutil
 import subprocess
@@ -108,15 +109,15 @@ def test_a_full_disk_never_leaves_half_a_ledger_record(disk):
     assert read_raw_ledger(root / "run") == [*written, rec.to_dict()]
 
 
-def test_weights_that_cannot_be_saved_stay_in_memory_and_leave_no_temporary_file(disk):
+def test_weights_that_cannot_be_saved_stay_in_memory_and_leave_no_temporary_file(disk, caplog):
     root = disk.mount("1m")
     store = WeightStore(4, root / "weights")
-    warnings = []
-    store.on_warning = warnings.append
+    caplog.set_level(logging.WARNING, logger="aiperf")
     disk.fill(leave_bytes=0)
     weights = {1: [np.ones((256, 256), dtype=np.float32)]}  # 256 KiB: does not fit
     assert store.put("t00001", weights, 0.5) and store.put("t00002", weights, 0.6)
     assert store.get("t00001") is weights, "kept in memory for children to inherit"
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1, "one warning per cause, not one per trial"
     assert "t00001.npz" in warnings[0] and "ENOSPC" in warnings[0] and "\n" not in warnings[0]
     assert not _temporaries(root) and not list((root / "weights").iterdir())
@@ -256,12 +257,12 @@ def test_absurd_paths_are_one_short_line_and_exit_2(command, path):
     assert len(line) <= 1000 and proc.stderr.count("\n") == 1, proc.stderr
 
 
-def test_a_failed_fsync_stops_the_writer_and_a_failed_observer_only_stops_itself(tmp_path, monkeypatch):
+def test_a_failed_fsync_stops_the_writer_and_a_failed_observer_only_stops_itself(tmp_path, monkeypatch, caplog):
     import errno
 
     import aiperf.record.ledger as ledger_module
 
-    warnings = []
+    caplog.set_level(logging.WARNING, logger="aiperf")
 
     class FailingLog:
         path = tmp_path / "mllog.txt"
@@ -270,13 +271,13 @@ def test_a_failed_fsync_stops_the_writer_and_a_failed_observer_only_stops_itself
             raise OSError(errno.ENOSPC, "No space left on device")
 
     with LedgerWriter(tmp_path) as ledger:
-        ledger.on_warning = warnings.append
         ledger.subscribe(FailingLog())
         seen = []
         ledger.subscribe(seen.append)
         first = ledger.append(Record(type="run_start", run_id="r"))
         second = ledger.append(Record(type="epoch", trial="t00000", epoch=1))
         assert seen == [first, second], "the other observers and the ledger go on"
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
         assert len(warnings) == 1 and "mllog.txt is no longer written" in warnings[0]
 
         def failing_fsync(fd):

@@ -374,7 +374,7 @@ class RayWorkerPool(WorkerPool):
         try:
             w.info = self._ray.get(w.info_ref)
         except Exception as exc:
-            return self._lose(w, _first_line(exc), kind=EventKind.START_FAILED)
+            return self._lose(w, _ray_cause(exc), kind=EventKind.START_FAILED)
         self._refresh_free(w)
         return [PoolEvent(EventKind.READY, w.worker_id, data=w.info)]
 
@@ -399,9 +399,9 @@ class RayWorkerPool(WorkerPool):
 
                 if isinstance(exc, (ActorDiedError, RayActorError, ActorUnavailableError)):
                     if not w.info:  # it died in __init__: a start failure, whichever of its refs failed first
-                        events.extend(self._lose(w, _first_line(exc), kind=EventKind.START_FAILED))
+                        events.extend(self._lose(w, _ray_cause(exc), kind=EventKind.START_FAILED))
                     else:
-                        events.extend(self._lose(w, f"worker died: {_first_line(exc)}"))
+                        events.extend(self._lose(w, f"worker died: {_ray_cause(exc)}"))
                 else:
                     w.tasks.remove(task)
                     self._refresh_free(w)
@@ -411,7 +411,7 @@ class RayWorkerPool(WorkerPool):
                             w.worker_id,
                             task.trial,
                             task.attempt,
-                            error=_first_line(exc),
+                            error=_ray_cause(exc),
                             started=task.started,
                         )
                     )
@@ -473,9 +473,14 @@ def _fitting(wanted: list[Slot], held: list[Slot], nodes: list[NodeInfo]) -> lis
     return out
 
 
-def _first_line(exc: BaseException) -> str:
+def _ray_cause(exc: BaseException) -> str:
+    """The line of a Ray-wrapped error that names the original error, cut to 300 characters.
+
+    Ray wraps a remote exception in its traceback, so -- unlike :func:`aiperf.errors.first_line`
+    -- this returns the LAST meaningful line (not a ``File ...`` frame or a ``^``/``~`` marker,
+    and with a ``:`` as in ``ValueError: ...``); the first line when none looks like that.
+    """
     text = str(exc).strip()
-    # Ray wraps remote tracebacks; the last non-empty line names the original error.
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     for ln in reversed(lines):
         if not ln.startswith(("File ", "^", "~")) and ":" in ln:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aiperf.errors import AiperfError
+from aiperf.errors import AiperfError, first_line
 
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 LOOPBACK_IP = "127.0.0.1"
@@ -85,11 +85,6 @@ def _loopback_only() -> dict[str, Any]:
     return previous
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 def _host_port(address: str) -> tuple[str, int] | None:
     """``(host, port)`` of a ``host:port`` address; None for ``auto``, ``ray://`` and the like."""
     if "://" in address or ":" not in address:
@@ -126,7 +121,7 @@ def _join(ray: Any, address: str, kwargs: dict[str, Any]) -> RaySession:
         if restore:
             _set_cluster_mode(**restore)
         kind = "" if isinstance(exc, (ConnectionError, RuntimeError, ValueError)) else f"{type(exc).__name__}: "
-        raise AiperfError(f"cannot join the Ray cluster at {address}: {kind}{_first_line(exc)}{TOKEN_HINT}") from None
+        raise AiperfError(f"cannot join the Ray cluster at {address}: {kind}{first_line(exc)}{TOKEN_HINT}") from None
     return RaySession(info.address_info.get("gcs_address", address), local=False, _restore=restore)
 
 
@@ -161,7 +156,7 @@ def start_ray(
         info = ray.init(num_cpus=num_cpus, num_gpus=num_gpus, _node_ip_address=LOOPBACK_IP, **kwargs)
     except Exception as exc:
         _set_cluster_mode(**restore)
-        raise AiperfError(f"cannot start a local Ray instance: {_first_line(exc)}") from None
+        raise AiperfError(f"cannot start a local Ray instance: {first_line(exc)}") from None
     protect_token_file()
     # ray.init is annotated as returning BaseContext; a local start returns a RayContext, which has address_info.
     address = info.address_info.get("gcs_address", "local")  # type: ignore[attr-defined]

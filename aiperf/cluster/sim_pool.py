@@ -60,7 +60,6 @@ class _SimWorker:
     alive: bool = True
     busy_s: float = 0.0
     last_step_end: float | None = None
-    started_at: float = 0.0
 
 
 def default_accuracy(spec: TrialSpec, epoch: int) -> float:
@@ -220,7 +219,6 @@ class SimulatedWorkerPool(WorkerPool):
         if not self._announced:
             self._announced = True
             for w in self._workers.values():
-                w.started_at = self.clock()
                 cause = self.fail_start(w.worker_id) if self.fail_start is not None else None
                 if cause:
                     events.extend(self._kill(w.worker_id, cause, kind=EventKind.START_FAILED))

@@ -113,7 +113,7 @@ class TrialWorker:
         self.gaps: list[float] = []
         # The framework's modules and the dataset stay for the worker's life: out of the cyclic collector's
         # view, the full collection each new architecture's clean-up runs (Keras's clear_session) scans only
-        # what trials made since, 0.41 -> 0.25 s of a TensorFlow trial's start-up (benchmarks/RESULTS.md).
+        # what trials made since, which shortens a TensorFlow trial's start-up (figure: benchmarks/RESULTS.md).
         gc.collect()
         gc.freeze()
 

@@ -1,8 +1,8 @@
 """``tf.train.Example`` without importing TensorFlow, and the TFRecord framing around it.
 
 The head reads the labels of TFRecord shards and counts their records before any worker
-starts; importing TensorFlow there for that costs 8.7 s and 770 MB of memory (measured on
-the 2-core box) and risks TensorFlow claiming the head's GPUs. The message is declared here
+starts; importing TensorFlow there for that costs seconds and a lot of memory
+(benchmarks/RESULTS.md) and risks TensorFlow claiming the head's GPUs. The message is declared here
 from its published schema (tensorflow/core/example/{example,feature}.proto) and parsed by
 the protobuf runtime; the framing (length, masked CRC, data, masked CRC) is read with seeks.
 """

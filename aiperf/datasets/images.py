@@ -15,7 +15,7 @@ from typing import IO
 import numpy as np
 from PIL import Image
 
-from aiperf.errors import AiperfError
+from aiperf.errors import AiperfError, first_line
 
 IMAGE_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"})
 GRAYSCALE_MODES = frozenset({"1", "L", "LA", "I", "I;16", "F"})
@@ -27,8 +27,7 @@ def is_image_file(path: str | Path) -> bool:
 
 
 def _cannot_decode(path: str | Path, exc: BaseException) -> AiperfError:
-    reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return AiperfError(f"image_folder: {path}: cannot decode image ({reason})")
+    return AiperfError(f"image_folder: {path}: cannot decode image ({first_line(exc)})")
 
 
 def probe_image(path: str | Path) -> tuple[str, tuple[int, int]]:

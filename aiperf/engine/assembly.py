@@ -146,7 +146,6 @@ def open_session(
     dataset_images: int = 0,
     progress: Progress | None = None,
     clock: Callable[[], float] | None = None,
-    on_warning: Callable[[str], None] | None = None,
 ) -> RunSession:
     """Open the ledger, record how this session begins, attach the observers and set up the master.
 
@@ -158,16 +157,29 @@ def open_session(
 
     resumed = header if isinstance(header, ResumePoint) else None
     ledger = LedgerWriter(run_dir, clock_offset=resumed.clock_offset if resumed else 0.0)
-    if on_warning is not None:
-        ledger.on_warning = on_warning
     if resumed is None:
         assert isinstance(header, RunStartRecord)
         ledger.append(header)
     else:
-        ledger.append(ResumeRecord(gap_s=resumed.gap_s, from_seq=resumed.from_seq, plan=plan.to_dict(), system=system))
+        ledger.append(
+            ResumeRecord(
+                gap_s=resumed.gap_s,
+                from_seq=resumed.from_seq,
+                weights_skipped=resumed.weights_skipped,
+                plan=plan.to_dict(),
+                system=system,
+            )
+        )
         for trial in resumed.unfinished:  # their in-memory checkpoints died with the old master
-            lost = TrialEndRecord(trial=trial, status=TrialStatus.LOST, reason="the master stopped while it ran")
-            ledger.append(lost.model_copy(update={"epochs": None, "best_val_acc": None}))
+            ledger.append(
+                TrialEndRecord(
+                    trial=trial,
+                    status=TrialStatus.LOST,
+                    reason="the master stopped while it ran",
+                    epochs=None,
+                    best_val_acc=None,
+                )
+            )
             proposer.forget(trial)
     attach_mllog(run_dir, ledger)
     master = Master(

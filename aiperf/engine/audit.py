@@ -40,7 +40,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from aiperf.engine.weights import file_sha256
-from aiperf.errors import AiperfError, excerpt
+from aiperf.errors import AiperfError, excerpt, first_line
 from aiperf.record.audit_file import AUDIT_NAME
 from aiperf.record.files import write_atomic
 from aiperf.record.ledger import LEDGER_NAME, read_raw_ledger
@@ -67,11 +67,10 @@ if TYPE_CHECKING:  # imported where they are used: the frameworks load only when
 # another machine (or thread count) is the summation order inside the framework's kernels, which
 # moves logits by ~1e-6 and can flip the arg-max of an image whose top two logits are that close.
 # So the re-evaluated accuracy may differ from the recorded one by at most this many validation
-# images. Measured on the development box: 0 (equal to the last bit) for every trial re-evaluated.
+# images. (What the development box measured: benchmarks/RESULTS.md, "Figures moved from code comments".)
 REEVAL_TOLERANCE_IMAGES = 1
-# Per-epoch val_acc of a re-trained trial. Measured on the development box (2-core AMD EPYC,
-# TensorFlow CPU): re-training smoke-run trials with the run's 1 thread, with 2 threads and with
-# oneDNN off reproduced every recorded epoch to the last bit. CPU training is still not
+# Per-epoch val_acc of a re-trained trial. Re-training on the machine and libraries that recorded
+# a run reproduces its epochs (benchmarks/RESULTS.md), but CPU training is not
 # bit-reproducible across CPU models, libraries and devices, and a small divergence grows over an
 # epoch of SGD: 0.03 (11 of the 359 digits validation images) is a judgement for that case, not a
 # measured bound (docs/results.md).
@@ -303,8 +302,7 @@ def reevaluate(run_dir: Path, cfg: Config, dataset: Dataset, threads: int, trial
     try:
         logits, labels, _ = runner._evaluate(model, batch)  # the workers' evaluation of the held-out split
     except Exception as exc:
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-        return TrialCheck(trial, "reevaluate", "fail", f"evaluating it raised {type(exc).__name__}: {reason}")
+        return TrialCheck(trial, "reevaluate", "fail", f"evaluating it raised {type(exc).__name__}: {first_line(exc)}")
     _, val_acc = classification_metrics(logits, labels)
     recorded = epoch.val_acc
     images = len(labels)
@@ -357,8 +355,7 @@ def retrain(
                 if len(measured) == len(recorded):
                     break  # a trial the run stopped early: its recorded epochs are all there is to compare
     except Exception as exc:  # the recorded spec does not train here: it does not reproduce
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-        return TrialCheck(trial, "retrain", "fail", f"re-training it raised {type(exc).__name__}: {reason}")
+        return TrialCheck(trial, "retrain", "fail", f"re-training it raised {type(exc).__name__}: {first_line(exc)}")
     finally:
         run.close()
     curve = [(r.val_acc, m.val_acc) for r, m in zip(recorded, measured, strict=False)]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+import logging
 import re
 from collections import OrderedDict
 from collections.abc import Callable
@@ -56,6 +57,8 @@ from nas.serialize import graph_to_dict
 
 if TYPE_CHECKING:
     from aiperf.config import Config
+
+logger = logging.getLogger(__name__)  # aiperf -v run: each trial's lifecycle at INFO, each epoch at DEBUG
 
 
 @dataclass
@@ -200,7 +203,8 @@ class Master:
 
     def run(self) -> RunOutcome:
         # Long-lived search state (graphs, caches) need not be rescanned by the cyclic collector:
-        # freezing it removes 50-120 ms generation-2 pauses from the proposal path.
+        # freezing it removes generation-2 pauses from the proposal path (benchmarks/RESULTS.md, "Figures moved
+        # from code comments").
         gc.collect()
         gc.freeze()
         status, reason = RunStatus.COMPLETED, "time budget reached"
@@ -235,6 +239,7 @@ class Master:
             # A run that counted nothing has no score: it failed, however cleanly it ended.
             status, reason = RunStatus.FAILED, self._nothing_trained()
         self._finish()
+        logger.info(f"run {status}: {reason} ({self.proposed} trial(s) proposed, {self.completed} completed)")
         return RunOutcome(status, reason, self.proposed, self.completed, self.worker_stats)
 
     def _nothing_trained(self) -> str:
@@ -253,6 +258,13 @@ class Master:
         seed = self.settings.seed * 100_003 + self.proposed
         state = TrialState(trial_id, proposal, count_flops(graph), seed, graph, compile_key=compile_key(graph))
         self.trials[trial_id] = state
+        if logger.isEnabledFor(logging.INFO):
+            origin = f" of {proposal.parent}" if proposal.parent else ""
+            change = f" ({'; '.join(m.describe() for m in proposal.morphs)})" if proposal.morphs else ""
+            hparams = ", ".join(
+                f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in proposal.hparams.items()
+            )
+            logger.info(f"trial {trial_id} proposed: {proposal.kind}{origin}{change}; {hparams}")
         return state
 
     def _spec(self, state: TrialState) -> tuple[dict[str, Any], Any, Any]:
@@ -291,6 +303,7 @@ class Master:
             self.active[state.trial_id] = state
             self.pool.submit(worker, state.trial_id, state.attempt, spec, parent_ref, resume_ref)
             self._note_compiled(worker, state.compile_key)
+            logger.debug(f"trial {state.trial_id} (attempt {state.attempt}) submitted to worker {worker}")
 
     def _next_for(self, worker: str) -> TrialState | None:
         """The trial ``worker`` trains next: one held for it, a re-queued one, or a new proposal.
@@ -360,6 +373,8 @@ class Master:
                 handler(ev)
 
     def _on_ready(self, ev: PoolEvent) -> None:
+        if ev.worker not in self.worker_ready_t:
+            logger.info(f"{self._where(ev.worker)} ready")
         self.worker_ready_t.setdefault(ev.worker, self.clock())
 
     def _where(self, worker: str, data: dict[str, Any] | None = None) -> str:
@@ -380,6 +395,7 @@ class Master:
         )
         self.start_failures.append(_Failure(cause_key(ev.error), ev.worker, self._where(ev.worker, d), ev.error))
         self.retired.add(ev.worker)  # it never worked: no worker record with busy times
+        logger.info(f"{self._where(ev.worker, d)} failed to start: {ev.error}")
         if self.progress is not None:
             self.progress.note(f"{self._where(ev.worker, d)} failed to start: {ev.error}")
 
@@ -435,6 +451,8 @@ class Master:
         info = self.pool.worker_info(ev.worker)
         p = state.proposal
         batch = int(p.hparams["batch_size"])
+        again = f", attempt {state.attempt} from epoch {state.epochs_done}" if state.attempt else ""
+        logger.info(f"trial {state.trial_id} started on {self._where(ev.worker, info)}{again}")
         self.ledger.append(
             TrialStartRecord(
                 t=now,
@@ -496,6 +514,7 @@ class Master:
         if d.weights is not None:
             state.checkpoint = d.weights
         state.best = d.val_acc if state.best is None else max(state.best, d.val_acc)
+        logger.debug(f"trial {state.trial_id} epoch {d.epoch}: val_acc {d.val_acc:.4f}, {train_ops + eval_ops:.3g} ops")
         self.proposer.tell(state.trial_id, state.best, final=False)
         if self.progress is not None:
             self.progress.epoch(train_ops + eval_ops, d.val_acc, now)
@@ -545,6 +564,8 @@ class Master:
                 )
             )
         self.completed += 1
+        done = f"{state.epochs_done} epoch(s), best val_acc {best:.4f}"
+        logger.info(f"trial {state.trial_id} completed on worker {ev.worker}: {done}")
         self.proposer.tell(state.trial_id, best, final=True)
         if self.progress is not None:
             self.progress.trial_done()
@@ -557,6 +578,7 @@ class Master:
         now = self.clock()
         if ev.worker_lost and not state.started:
             self.retry_queue.append(state)  # never began: simply run it elsewhere
+            logger.info(f"trial {state.trial_id} goes to another worker: {ev.worker} was lost before it began")
             return
         if ev.worker_lost and state.attempt < self.settings.max_trial_retries:
             keep = state.epochs_done if state.checkpoint is not None else 0
@@ -574,8 +596,10 @@ class Master:
                 )
             )
             self.retry_queue.append(state)
+            logger.info(f"trial {state.trial_id} re-queued from epoch {keep} (attempt {state.attempt}): {ev.error}")
             return
         status = TrialStatus.LOST if ev.worker_lost else TrialStatus.FAILED
+        logger.info(f"trial {state.trial_id} {status} on worker {ev.worker}: {ev.error}")
         self.ledger.append(
             TrialEndRecord(
                 t=now,
@@ -612,6 +636,7 @@ class Master:
         self.fail(f"{which} with the same error; the last on {failure.node}: {error}")
 
     def _on_lost(self, ev: PoolEvent) -> None:
+        logger.info(f"{self._where(ev.worker)} lost: {ev.error}")
         self._release_held(ev.worker)
         self._record_worker(ev.worker, retired_because=ev.error)
 
@@ -666,6 +691,7 @@ class Master:
                     if state.started
                     else "the run ended before its re-queued attempt could start; its completed epochs are counted"
                 )
+                logger.info(f"trial {state.trial_id} stopped: {reason}")
                 self.ledger.append(
                     TrialEndRecord(
                         t=now,

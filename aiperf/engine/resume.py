@@ -78,6 +78,7 @@ class ResumePoint:
     gap_s: float  # downtime since the last record, counted as wall time
     first_trial: int  # the next trial number
     unfinished: list[str] = field(default_factory=list)  # trials the dead master was running
+    weights_skipped: list[str] = field(default_factory=list)  # kept weights that could not be read back
 
     @property
     def clock_offset(self) -> float:
@@ -138,8 +139,8 @@ def replay(records: list[Record], proposer: Proposer, weights: WeightStore) -> R
                 f"cannot resume: the ledger's seq {rec.seq} (trial_start {excerpt(trial)}) "
                 f"cannot be replayed: {first_line(exc, 200)}"
             ) from None
-    weights.reload({t: best.get(t, 0.0) for t, s in final.items() if s == TrialStatus.COMPLETED})
+    skipped = weights.reload({t: best.get(t, 0.0) for t, s in final.items() if s == TrialStatus.COMPLETED})
     numbers = [int(t[1:]) for t in starts if t[1:].isdigit() and len(t) < 12]
     unfinished = [t for t in starts if t not in final]
     gap = max(0.0, time.time() - records[-1].wall)
-    return ResumePoint(records, gap, max(numbers, default=-1) + 1, unfinished)
+    return ResumePoint(records, gap, max(numbers, default=-1) + 1, unfinished, skipped)

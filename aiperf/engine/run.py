@@ -8,10 +8,11 @@ and a resumed run's state is rebuilt by :mod:`aiperf.engine.resume`.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import secrets
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -23,6 +24,7 @@ from aiperf.engine.resume import ResumePoint, read_resumable, recorded_config, r
 from aiperf.engine.search import make_search, seed_architecture
 from aiperf.engine.weights import WeightStore
 from aiperf.errors import AiperfError, os_error
+from aiperf.logs import through
 from aiperf.record.files import remove_temporaries
 from aiperf.record.ledger import LEDGER_NAME
 from aiperf.record.schema import DatasetHeader, Record, RunStartRecord
@@ -35,6 +37,8 @@ if TYPE_CHECKING:
     from aiperf.record.telemetry import TelemetryRecorder
     from nas.graph import Graph
     from nas.proposer import Proposer
+
+logger = logging.getLogger(__name__)
 
 WEIGHTS_DIR = "weights"
 COMPILE_CACHE_DIR = "compile-cache"  # the backends' persistent compiled executables, one folder per node
@@ -99,13 +103,6 @@ def create_run_dir(results_dir: Path, name: str, attempts: int = 50) -> tuple[st
     raise AiperfError(f"{results_dir}: no free run id after {attempts} tries")
 
 
-def _warner(stream: Output) -> Callable[[str], None]:
-    def warn(message: str) -> None:
-        print(f"aiperf: warning: {message}", file=stream)
-
-    return warn
-
-
 def run_benchmark(
     cfg: Config | None,
     *,
@@ -124,7 +121,6 @@ def run_benchmark(
 
     out = output(out if out is not None else sys.stdout, background=True)
     errors = output(err if err is not None else sys.stderr, background=True)
-    warn = _warner(errors)
     locks: list[RunLock] = []
     try:
         if resume_dir is None:
@@ -132,7 +128,8 @@ def run_benchmark(
                 raise AiperfError("run_benchmark needs a config or a run directory to resume")
             check_backend_installed(cfg.model.backend)  # before anything is created on disk
             prepare_results_dir(cfg.run.results_dir)
-            return _run(cfg, address, out, warn, None, [], locks)
+            with through(errors):
+                return _run(cfg, address, out, None, [], locks)
         run_dir = Path(resume_dir)
         if not (run_dir / LEDGER_NAME).is_file():
             raise AiperfError(f"--resume {run_dir}: not a run directory (no {LEDGER_NAME})")
@@ -143,7 +140,8 @@ def run_benchmark(
         previous = read_resumable(run_dir)
         for folder in (run_dir, run_dir / WEIGHTS_DIR):
             remove_temporaries(folder)
-        return _run(recorded_config(previous), address, out, warn, run_dir, previous, locks)
+        with through(errors):
+            return _run(recorded_config(previous), address, out, run_dir, previous, locks)
     finally:
         for lock in locks:
             lock.release()
@@ -157,7 +155,6 @@ def _run(
     cfg: Config,
     address: str | None,
     out: Output,
-    warn: Callable[[str], None],
     run_dir: Path | None,
     previous: list[Record],
     locks: list[RunLock],
@@ -187,13 +184,14 @@ def _run(
         else:
             run_id, run_dir = create_run_dir(Path(cfg.run.results_dir), cfg.run.name)
             locks.append(_lock(run_dir))
-        _session(cfg, run_dir, run_id, dataset, seed_graph, nodes, plan, proposer, previous, out, warn)
+        _session(cfg, run_dir, run_id, dataset, seed_graph, nodes, plan, proposer, previous, out)
     finally:
         session.shutdown()
     if out.failure is not None:
-        warn(f"progress output stopped ({_reason(out.failure)}); the run went on and its results are complete")
+        why = _reason(out.failure)
+        logger.warning(f"progress output stopped ({why}); the run went on and its results are complete")
     elif out.dropped:
-        warn(f"{out.dropped} progress line(s) dropped: standard output was not being read")
+        logger.warning(f"{out.dropped} progress line(s) dropped: standard output was not being read")
     summary = build_summary(run_dir)
     unsaved: AiperfError | None = None
     try:
@@ -250,7 +248,6 @@ def _session(
     proposer: Proposer,
     previous: list[Record],
     out: Output,
-    warn: Callable[[str], None],
 ) -> None:
     """One session of the run on the Ray cluster: workers, master, telemetry and signals, to its run_stop."""
     from aiperf.cluster.pool import RayWorkerPool
@@ -259,7 +256,6 @@ def _session(
     from aiperf.record.telemetry import TelemetryRecorder
 
     weights = WeightStore(cfg.cluster.keep_weights, run_dir / WEIGHTS_DIR)
-    weights.on_warning = warn
     system = system_description(nodes)
     header: RunStartRecord | ResumePoint
     if previous:
@@ -284,10 +280,8 @@ def _session(
         weights=weights,
         dataset_images=dataset.train_size + dataset.val_size,
         progress=progress,
-        on_warning=warn,
     )
     telemetry = TelemetryRecorder(run_dir, cfg.run.telemetry_interval_s)
-    telemetry.on_warning = warn
     try:
         run.run(_watched(run.master, telemetry, nodes))
     finally:

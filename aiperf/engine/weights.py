@@ -9,7 +9,7 @@ The files are a convenience for ``--resume`` and the evidence ``aiperf audit`` r
 each file's SHA-256 and size are known the moment it is written (:meth:`WeightStore.saved`),
 so the master can record them in the ledger and a file swapped afterwards is detected. When
 one cannot be written (a full disk) the set stays in memory, no partial file is left, the run
-goes on, and the problem is reported once per cause through ``on_warning``.
+goes on, and the problem is logged once per cause as a warning.
 """
 
 from __future__ import annotations
@@ -18,17 +18,20 @@ import contextlib
 import errno
 import hashlib
 import io
+import logging
 import os
 import stat
-from collections.abc import Callable
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from aiperf.errors import os_error
+from aiperf.errors import first_line, os_error
 from aiperf.record.files import write_atomic
+
+logger = logging.getLogger(__name__)
 
 Weights = dict[int, list[np.ndarray]]
 
@@ -104,7 +107,6 @@ class WeightStore:
                 self.directory.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise os_error(exc, self.directory, "create the weights folder") from None
-        self.on_warning: Callable[[str], None] = lambda message: None
         self._warned: set[Any] = set()
         self._weights: dict[str, Weights] = {}
         self._score: dict[str, float] = {}
@@ -135,7 +137,7 @@ class WeightStore:
                 if exc.errno not in self._warned:
                     self._warned.add(exc.errno)
                     note = "kept in memory; a --resume retrains children without them"
-                    self.on_warning(str(os_error(exc, path, "save weights to", then=note)))
+                    logger.warning(str(os_error(exc, path, "save weights to", then=note)))
         return True
 
     def _evict(self, trial: str) -> None:
@@ -162,18 +164,27 @@ class WeightStore:
             self._refs[trial] = put(self._weights[trial])
         return self._refs[trial]
 
-    def reload(self, scores: dict[str, float]) -> int:
-        """After a restart: load the kept sets still on disk for trials with known scores."""
+    def reload(self, scores: dict[str, float]) -> list[str]:
+        """After a restart: load the kept sets still on disk for trials with known scores.
+
+        A file that cannot be read back (cut short, corrupt, unreadable) is skipped with a
+        warning naming it; its trial's children then start from scratch instead of inheriting.
+        Returns the files skipped (relative to the run directory), for the ``resume`` record.
+        """
+        skipped: list[str] = []
         if not self.directory:
-            return 0
-        loaded = 0
+            return skipped
         for path in sorted(self.directory.glob("t*.npz")):
             trial = path.stem
             if trial in scores and trial not in self._weights:
                 try:
                     self._weights[trial] = load_weights(path)
-                except (OSError, ValueError, KeyError):
+                except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+                    logger.warning(
+                        f"{path}: kept weights cannot be read back ({first_line(exc, 120)}); "
+                        f"trials that would inherit from {trial} start from scratch"
+                    )
+                    skipped.append(f"{path.parent.name}/{path.name}")
                     continue
                 self._score[trial] = scores[trial]
-                loaded += 1
-        return loaded
+        return skipped

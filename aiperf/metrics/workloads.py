@@ -14,7 +14,6 @@ still reported, but the run can never be official. Only ``imagenet`` is the offi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from aiperf.record.schema import RunStartRecord
 
@@ -81,11 +80,6 @@ def _number(value: object) -> str:
     if isinstance(value, float):
         return f"{value:.6f}".rstrip("0").rstrip(".")
     return str(value)
-
-
-def mapping(value: object) -> dict[str, Any]:
-    """``value`` if it is a mapping, else an empty one (a JSON field read defensively)."""
-    return value if isinstance(value, dict) else {}
 
 
 def identify(start: RunStartRecord) -> Comparability:

@@ -5,7 +5,8 @@ before the call returns, so a process killed at any instant keeps every record i
 acknowledged; at worst the final line is torn, and readers drop a torn tail. Each record is
 also fsync'ed before the call returns -- except inside :meth:`LedgerWriter.batch`, where the
 records written while the master handles one batch of events share one fsync at the
-batch's end (an fsync per record was a seventh of the master's time at 4,096 workers). So
+batch's end (an fsync per record was a large share of the master's time with thousands of workers:
+benchmarks/RESULTS.md, "Figures moved from code comments"). So
 only an operating-system or machine crash can lose records, and only those of the batch
 not yet synced; the master syncs before it acts on what it recorded.
 Each record carries the SHA-256 of the previous one, so an edited, removed or reordered
@@ -25,6 +26,8 @@ import contextlib
 import errno
 import hashlib
 import json
+import logging
+import math
 import os
 import re
 import time
@@ -37,7 +40,10 @@ from aiperf.errors import AiperfError, os_error
 from aiperf.record.files import read_regular
 from aiperf.record.schema import HEADER, Record, RecordT, parse_records
 
+logger = logging.getLogger(__name__)
+
 LEDGER_NAME = "ledger.jsonl"
+SLOW_SYNC_S = 1.0  # an fsync slower than this is storage the run should hear about (NFS under load, a dying disk)
 MAX_RECORD_DEPTH = 32  # real records nest at most 6 levels (a trial's graph); JSON libraries recurse
 
 
@@ -79,7 +85,7 @@ class LedgerWriter:
         self._batch_depth = 0
         self._unsynced: list[Record] = []  # written and flushed, not yet fsync'ed
         self.broken: LedgerWriteError | None = None
-        self.on_warning: Callable[[str], None] = lambda message: None
+        self._slow_sync_warned = -math.inf
 
     def subscribe(self, callback: Callable[[Record], None]) -> None:
         """Call ``callback(record)`` after each record is durably written (e.g. the MLPerf-style log)."""
@@ -104,10 +110,18 @@ class LedgerWriter:
         """Make every record written so far durable, then hand the newly durable ones to the subscribers."""
         if not self._unsynced:
             return
+        began = time.monotonic()
         try:
             os.fsync(self._fh.fileno())
         except OSError as exc:
             raise self._fail(exc, "sync the ledger") from None
+        took = time.monotonic() - began
+        if took > SLOW_SYNC_S and began - self._slow_sync_warned >= 60.0:  # at most once a minute
+            self._slow_sync_warned = began
+            logger.warning(
+                f"{self.path}: an fsync of the ledger took {took:.1f} s; the master waits for each one "
+                "(slow or overloaded storage under run.results_dir?)"
+            )
         durable, self._unsynced = self._unsynced, []
         for record in durable:
             for callback in list(self._subscribers):
@@ -121,7 +135,7 @@ class LedgerWriter:
             self._subscribers.remove(callback)
             what = getattr(callback, "path", None) or getattr(callback, "__name__", "an observer")
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            self.on_warning(f"{what} is no longer written ({reason}); it can be rebuilt from the ledger")
+            logger.warning(f"{what} is no longer written ({reason}); it can be rebuilt from the ledger")
 
     def _fail(self, exc: OSError, doing: str) -> LedgerWriteError:
         run_dir = self.path.parent
@@ -227,7 +241,7 @@ def _too_deep(line: bytes, limit: int = MAX_RECORD_DEPTH) -> bool:
 
     Works on the text without recursion: escapes, then everything but brackets and quotes,
     then strings are dropped, and the innermost bracket pairs are peeled off once per level
-    (a few microseconds for a 3 KB trial record, a tenth of walking the parsed object).
+    (far cheaper than walking the parsed object: benchmarks/RESULTS.md, "Figures moved from code comments").
     """
     if line.count(b"[") + line.count(b"{") <= limit:
         return False

@@ -390,6 +390,7 @@ class ResumeRecord(Record):
     type: Literal[RecordType.RESUME] = RecordType.RESUME
     gap_s: Quantity | None = None
     from_seq: Count | None = None
+    weights_skipped: list[str] = []  # kept weights files that could not be read back (their children start afresh)
     plan: dict[str, Any] = {}
     system: dict[str, Any] = {}
 

@@ -47,7 +47,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TextIO, TypedDict, TypeGuard, TypeVar
 
-from aiperf.errors import AiperfError
+from aiperf.errors import AiperfError, first_line
 from aiperf.record.files import read_regular
 
 if TYPE_CHECKING:
@@ -59,8 +59,9 @@ logger = logging.getLogger(__name__)
 TELEMETRY_NAME = "telemetry.jsonl"
 _SAMPLE_TIMEOUT_S = 10.0  # a node slower than this to answer misses the sample, not the run
 # CPU or GPU time used outside the run, as a share of the host's capacity, from which the
-# verdict notes a shared machine. Two runs sharing a 2-core box each see about 50 %; the
-# OS, the sampler's neighbours and short-lived tools stay below 5 % on an idle box.
+# verdict notes a shared machine: well above what the OS, the sampler's neighbours and short-lived
+# tools use on an idle host, well below what a second run on the host takes (about half of it).
+# Measured figures: benchmarks/RESULTS.md, "Figures moved from code comments".
 SHARED_MACHINE_PERCENT = 10.0
 _SESSION = re.compile(r"session_[0-9][\w.-]*")
 T = TypeVar("T")
@@ -352,7 +353,6 @@ class TelemetryRecorder:
         self._fh: TextIO | None = None
         self.samples = 0
         self.failure: str | None = None  # why telemetry stopped early, if it did
-        self.on_warning: Callable[[str], None] = lambda message: None
 
     def start(self, nodes: Sequence[_Node]) -> None:
         """Place one sampler on each node and begin polling (the first sample is taken at once).
@@ -392,7 +392,7 @@ class TelemetryRecorder:
                 self._give_up(f"cannot write {self.path} ({exc.strerror or exc})")
                 return
             except Exception as exc:  # telemetry never stops the run: report it once and stop sampling
-                self._give_up(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300])
+                self._give_up(f"{type(exc).__name__}: {first_line(exc)}"[:300])
                 return
             next_at += self.interval_s
             self._stop.wait(max(0.0, next_at - time.monotonic()))
@@ -403,7 +403,7 @@ class TelemetryRecorder:
         with contextlib.suppress(OSError):
             if self._fh is not None and not self._fh.closed:
                 self._fh.close()
-        self.on_warning(f"telemetry stopped: {reason}; the run goes on without it")
+        logger.warning(f"telemetry stopped: {reason}; the run goes on without it")
 
     def sample_once(self) -> None:
         """Ask every live sampler for one reading and append what comes back."""
@@ -423,8 +423,7 @@ class TelemetryRecorder:
                 self._write({**reading, "node": node, "wall": asked, "node_wall": reading["wall"]})
             except Exception as exc:  # the node or its actor died: record it once, stop asking it
                 self._actors.pop(node, None)
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                self._write({"wall": round(time.time(), 3), "node": node, "error": first[:300]})
+                self._write({"wall": round(time.time(), 3), "node": node, "error": first_line(exc)})
 
     def _write(self, sample: dict[str, Any]) -> None:
         if self._fh is None or self._fh.closed:

@@ -35,7 +35,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-BACKENDS = ("tensorflow", "jax", "torch")
 TF_GLOBAL_SEED = 0  # TensorFlow's global seed in every process that trains trials (see seed_trial)
 MIN_CACHED_COMPILE_S = 0.5  # compilations shorter than this are not worth a file read
 BACKEND_PACKAGES = {"tensorflow": "tensorflow", "jax": "jax", "torch": "torch"}
@@ -138,8 +137,8 @@ def seed_trial(seed: int) -> None:
 
     Setting TensorFlow's global seed clears its kernel cache (``context._set_global_seed``), so
     every compiled model a worker keeps had its train and predict functions instantiated and
-    optimised again at the next trial's first step: 0.19 s of a kept seed model's 0.23 s first
-    step on a CPU core. TensorFlow's global seed is instead the same constant in every process
+    optimised again at the next trial's first step: most of a kept model's first step
+    (benchmarks/RESULTS.md). TensorFlow's global seed is instead the same constant in every process
     that trains (set once, when it is anything else): tf.data's shuffles take their op seed from
     the trial, so a trial shuffles the same way in a worker, in ``aiperf audit --retrain`` and
     after any other trials. Falls back to Keras's own function if its seed state moved.

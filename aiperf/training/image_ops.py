@@ -8,8 +8,8 @@ resizing, decodes and resizes fewer pixels for the same result). Randomness is s
 seeded per trial, epoch and image, so a trial's inputs are reproducible.
 
 JPEGs (recognised by their first bytes, not their name) are decoded with the crop fused into
-the decode, which skips the pixels outside the window (measured 1.66 vs 2.03 ms for a 40 %
-crop of a 500x375 photo, one core). Anything else TensorFlow can read (PNG, GIF, BMP, WebP:
+the decode, which skips the pixels outside the window (faster than decoding the whole image:
+benchmarks/RESULTS.md). Anything else TensorFlow can read (PNG, GIF, BMP, WebP:
 ImageNet holds a PNG named ``.JPEG``) is decoded whole and then cropped. CMYK and grayscale
 JPEGs become RGB; 1x1 images and 4032x3024 photos work. A file that does not decode raises,
 and the pipeline skips it (see :mod:`aiperf.training.stream_input`). Output: uint8 RGB at the

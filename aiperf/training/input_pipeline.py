@@ -3,10 +3,10 @@
 Two measured problems shape this module (benchmarks/RESULTS.md):
 
 * Given NumPy arrays, TensorFlow's ``fit`` builds a tf.data pipeline whose autotuner wakes
-  at 2.5, 5, 10, 20, 41 s...; ``fit`` often returns only at the next wake-up, which cost
-  35-50 % of short epochs on a CPU. We build the pipeline ourselves, once per trial, with
+  at doubling intervals; ``fit`` often returns only at the next wake-up, which can cost a
+  short epoch a large share of its time on a CPU. We build the pipeline ourselves, once per trial, with
   autotuning off.
-* A ragged last batch is a second shape, so JAX compiles the train step twice (+38 % on a
+* A ragged last batch is a second shape, so JAX compiles the train step twice (a longer
   first epoch). Every training step here sees a full batch: each epoch is a fresh shuffle
   truncated to a whole number of batches (different images are left out each epoch), and
   the images actually trained on are what gets counted. Evaluation pads the validation

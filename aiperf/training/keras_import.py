@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from aiperf.errors import AiperfError
+from aiperf.errors import AiperfError, first_line
 from nas.errors import NasError
 from nas.graph import Graph, Node, make_node
 
@@ -405,8 +405,7 @@ def load_keras_file(path: str | Path) -> Model:
     try:
         return keras.saving.load_model(path, compile=False, safe_mode=True)
     except Exception as exc:  # Keras raises many types (ValueError, OSError, zip and HDF5 errors) for bad files
-        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-        raise AiperfError(f"{path}: cannot load the Keras model ({first_line})") from None
+        raise AiperfError(f"{path}: cannot load the Keras model ({first_line(exc, 200)})") from None
 
 
 def graph_from_keras_file(path: str | Path) -> Graph:

@@ -44,8 +44,8 @@ def _host_he_normal(keras: Any) -> Initializer:  # keras: the module (see trial_
     """Keras's He-normal initialiser, drawn with NumPy on the host (:func:`he_normal_values`).
 
     On the JAX backend Keras's own random initialisers compile one XLA program per kernel
-    shape, which made building a 30-layer net take ~6 s; one NumPy draw per layer takes
-    milliseconds.
+    shape, which made building a 30-layer net slow; one NumPy draw per layer costs a small
+    fraction of that (figures: benchmarks/RESULTS.md).
     """
 
     class HostHeNormal(keras.initializers.Initializer):

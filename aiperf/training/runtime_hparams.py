@@ -3,8 +3,9 @@
 Keras bakes a Python float learning rate schedule, weight decay, momentum or dropout rate
 into the train function it traces (and, on JAX or with XLA, compiles). A worker that trains
 the same architecture again with other hyperparameters -- a re-tune, a re-queued trial --
-would then have to trace and compile again: about a tenth of a CPU worker's time, tens of
-seconds per trial for ResNet-50 under XLA. Here each of them is a variable the step reads:
+would then have to trace and compile again: a real share of a CPU worker's time, and much
+more per trial for a large net under XLA (figures: benchmarks/RESULTS.md). Here each of them
+is a variable the step reads:
 
 * :func:`trial_sgd` -- SGD with Nesterov momentum and decoupled weight decay (the update
   Keras's ``SGD(nesterov=True, weight_decay=...)`` makes), under a cosine learning-rate

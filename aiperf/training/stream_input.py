@@ -23,9 +23,9 @@ Python per batch):
   difference summed over the epoch is the time the training loop waited for input. JAX and
   torch pull batches in Python, through a generator that times each ``next``. (A generator,
   not the dataset: Keras's dataset adapter would start a second pass of the pipeline just to
-  build the model's metrics.) Building the epoch's pipeline counts as waiting too (0.2-1 s on
-  the 2-core box, mostly tracing the decode functions); starting its iterator inside ``fit``
-  on TensorFlow (30-150 ms) is the one part not counted.
+  build the model's metrics.) Building the epoch's pipeline counts as waiting too (mostly
+  tracing the decode functions); starting its iterator inside ``fit`` on TensorFlow (much
+  shorter: benchmarks/RESULTS.md) is the one part not counted.
 * **skipped images**: an image that fails to decode (or a record whose label is out of range)
   raises inside the pipeline and ``ignore_errors`` drops it. Each element carries its index,
   and every index that reaches a batch is marked, so after the epoch the unmarked indices are

@@ -83,12 +83,11 @@ def build_step_state(model: keras.Model) -> None:
 
     Keras's TensorFlow trainer leaves them to the first trace when no distribution strategy
     is set; a ``tf.function`` whose first trace creates variables is traced a second time, so
-    every new architecture paid for two traces of its train step (measured: 2 ``train_step``
-    traces per trial, 0.6-0.7 s each for the searched net on a CPU core). One eager update
-    on a one-image batch creates them (the metrics and the loss need only the output's shape;
-    Keras's own symbolic build would also pass the whole model, 0.08 s more), and the
-    metrics are reset, as ``fit`` resets them at every epoch anyway. Under a distribution
-    strategy Keras builds them itself before tracing.
+    every new architecture paid for two traces of its train step (their cost:
+    benchmarks/RESULTS.md). One eager update on a one-image batch creates them (the metrics
+    and the loss need only the output's shape; Keras's own symbolic build would also pass the
+    whole model, which costs more), and the metrics are reset, as ``fit`` resets them at
+    every epoch anyway. Under a distribution strategy Keras builds them itself before tracing.
     """
     y = np.zeros((1,), dtype="int32")
     y_pred = np.zeros((1, *model.outputs[0].shape[1:]), dtype=model.outputs[0].dtype)
@@ -131,7 +130,7 @@ class TrialRunner:
 
         self.dataset = dataset
         self.settings = settings
-        self.last_model: keras.Model | None = None  # the most recent trial's model, for inspection
+        self.last_model: keras.Model | None = None  # the most recent trial's model, for inspection (tests)
         self.backend = backend or keras.backend.backend()
         self._parallel = DataParallel(self.backend, settings.data_parallel)
         self.bad_limit = bad_image_limit(dataset.train_size + dataset.val_size, settings.max_bad_fraction)
@@ -316,6 +315,7 @@ class TrialRunner:
                     feed = self._train_feed(batch, spec.seed)
                     steps_per_epoch = feed.steps
                     del model
+                    self.last_model = None  # nothing may keep the old model's device memory
                     self.compiled.clear()  # device memory ran out: kept models give theirs back, this one is built anew
                     entry, _ = self._model_for(graph, weights)
                     model = entry.model
@@ -388,8 +388,9 @@ def compile_overhead(first_step_s: float, epoch_s: float, steps: int) -> float:
     """What the first step cost beyond an ordinary step of its epoch: the tracing/compilation alone.
 
     The first step also trains a counted batch; charging all of it to compilation would call
-    real training work overhead (a batch-256 step is 0.5 s on one CPU core). With a single
-    step there is nothing to compare with, and the whole first step is charged.
+    real training work overhead (a large batch's step on a CPU core is no small part of it:
+    benchmarks/RESULTS.md). With a single step there is nothing to compare with, and the
+    whole first step is charged.
     """
     if steps < 2:
         return first_step_s
@@ -421,7 +422,7 @@ def classification_metrics(logits: np.ndarray, labels: np.ndarray) -> tuple[floa
 
 
 def evaluate_weights(dataset: Dataset, graph: Graph, weights: Weights, settings: TrainerSettings) -> float:
-    """Validation accuracy of given weights (used by tests and by the verify tooling)."""
+    """Validation accuracy of given weights (the tests' check that inherited weights keep the parent's function)."""
     runner = TrialRunner(dataset, settings)
     model = runner._build(graph, weights)
     _, _, x_val, y_val = dataset.resident()

@@ -43,7 +43,8 @@ class TrialSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as they are, not deep-copied: the master builds every spec afresh, and
-        ``dataclasses.asdict``'s recursive copy of the graphs was a tenth of its time at 4,096 workers."""
+        ``dataclasses.asdict``'s recursive copy of the graphs was a noticeable share of its time with
+        thousands of workers (benchmarks/RESULTS.md)."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
