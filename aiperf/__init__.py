@@ -25,7 +25,7 @@ import importlib
 from importlib import metadata
 from typing import Any
 
-DISTRIBUTION = "aiperf"  # the distribution (package index) name this package is installed under
+DISTRIBUTION = "aiperf-hpc"  # installed under this name: "aiperf" on the package index is another project
 
 try:
     __version__ = metadata.version(DISTRIBUTION)

@@ -14,9 +14,15 @@ from aiperf.config import BUILTIN_CONFIGS, load_config
 
 
 def test_version_is_the_installed_distribution_version():
+    """Installed as aiperf-hpc (the index's "aiperf" is another project), imported as aiperf; the ledger says aiperf."""
     from importlib import metadata
 
-    assert aiperf.__version__ == metadata.version("aiperf")
+    from aiperf.engine.assembly import software_versions
+
+    assert aiperf.DISTRIBUTION == "aiperf-hpc"
+    assert aiperf.__version__ == metadata.version("aiperf-hpc")
+    assert "aiperf-hpc" in metadata.packages_distributions()["aiperf"]
+    assert software_versions("tensorflow")["aiperf"] == aiperf.__version__
     proc = subprocess.run(aiperf_cmd("--version"), capture_output=True, text=True, env=cli_env(), timeout=60)
     assert proc.returncode == 0
     assert proc.stdout.strip() == f"aiperf {aiperf.__version__}"
