@@ -532,23 +532,18 @@ class Master:
         if compile_s is not None:
             self.worker_compile[ev.worker] = self.worker_compile.get(ev.worker, 0.0) + compile_s
         best = state.best if state.best is not None else 0.0
-        self.ledger.append(
-            TrialEndRecord(
-                t=now,
-                trial=state.trial_id,
-                status=TrialStatus.COMPLETED,
-                reason="",
-                attempt=state.attempt,
-                epochs=state.epochs_done,
-                best_val_acc=state.best,
-                startup_s=d.startup_s,
-                first_step_s=d.first_step_s,
-                compile_s=d.compile_s,
-                step_reused=d.step_reused,
-                batch_size=d.batch_size,
-                requested_batch_size=d.requested_batch_size,
-                worker=ev.worker,
-            )
+        self._record_end(
+            state,
+            TrialStatus.COMPLETED,
+            "",
+            ev.worker,
+            now,
+            startup_s=d.startup_s,
+            first_step_s=d.first_step_s,
+            compile_s=d.compile_s,
+            step_reused=d.step_reused,
+            batch_size=d.batch_size,
+            requested_batch_size=d.requested_batch_size,
         )
         saved = self.weights.saved(state.trial_id) if self.weights.put(state.trial_id, d.weights, best) else None
         if saved is not None:  # the file's hash, for `aiperf audit`: these are the weights after the last epoch
@@ -600,22 +595,29 @@ class Master:
             return
         status = TrialStatus.LOST if ev.worker_lost else TrialStatus.FAILED
         logger.info(f"trial {state.trial_id} {status} on worker {ev.worker}: {ev.error}")
+        self._record_end(state, status, ev.error, ev.worker, now)
+        self.proposer.forget(state.trial_id)
+        if self.progress is not None:
+            self.progress.trial_failed(state.trial_id, ev.error)
+        self._note_failure(ev.worker, ev.error)
+
+    def _record_end(
+        self, state: TrialState, status: TrialStatus, reason: str, worker: str | None, now: float, **measured: Any
+    ) -> None:
+        """Record how the current attempt of ``state`` ended: every recorded trial_start gets its trial_end."""
         self.ledger.append(
             TrialEndRecord(
                 t=now,
                 trial=state.trial_id,
                 status=status,
-                reason=ev.error,
+                reason=reason,
                 attempt=state.attempt,
                 epochs=state.epochs_done,
                 best_val_acc=state.best,
-                worker=ev.worker,
+                worker=worker,
+                **measured,
             )
         )
-        self.proposer.forget(state.trial_id)
-        if self.progress is not None:
-            self.progress.trial_failed(state.trial_id, ev.error)
-        self._note_failure(ev.worker, ev.error)
 
     def _note_failure(self, worker: str, error: str) -> None:
         """Fail the run when the last trials all failed the same way, across the workers, with no epoch between."""
@@ -692,18 +694,7 @@ class Master:
                     else "the run ended before its re-queued attempt could start; its completed epochs are counted"
                 )
                 logger.info(f"trial {state.trial_id} stopped: {reason}")
-                self.ledger.append(
-                    TrialEndRecord(
-                        t=now,
-                        trial=state.trial_id,
-                        status=TrialStatus.STOPPED,
-                        reason=reason,
-                        attempt=state.attempt,
-                        epochs=state.epochs_done,
-                        best_val_acc=state.best,
-                        worker=state.worker,
-                    )
-                )
+                self._record_end(state, TrialStatus.STOPPED, reason, state.worker, now)
             self.proposer.forget(state.trial_id)
         self.active.clear()
         self.retry_queue.clear()
