@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -12,6 +13,11 @@ REPO = Path(__file__).resolve().parent.parent
 def aiperf_cmd(*args: str) -> list[str]:
     """The CLI as a user runs it, from this interpreter (works with or without an installed script)."""
     return [sys.executable, "-m", "aiperf.cli", *args]
+
+
+def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """``aiperf ARGS`` in a process of its own, as a user types it; ``timeout`` guards against a hang."""
+    return subprocess.run(aiperf_cmd(*args), capture_output=True, text=True, env=cli_env(), timeout=timeout, cwd=REPO)
 
 
 def cli_env() -> dict[str, str]:

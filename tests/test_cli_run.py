@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import REPO, aiperf_cmd, cli_env
+from helpers import REPO, aiperf_cmd, cli_env, run_cli
 
 from aiperf.record.ledger import read_raw_ledger, record_hash
 
@@ -73,8 +73,8 @@ def test_smoke_run_trains_distinct_architectures_and_scores(smoke_run):
             assert r["graph"]["format"] == "aiperf-graph"
 
 
-def _cli(*args, timeout=120):
-    return subprocess.run(aiperf_cmd(*args), capture_output=True, text=True, env=cli_env(), timeout=timeout, cwd=REPO)
+def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return run_cli(*args, timeout=timeout)
 
 
 @pytest.mark.parametrize(

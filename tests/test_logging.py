@@ -8,7 +8,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from helpers import REPO, aiperf_cmd, cli_env
+from helpers import run_cli
 
 import aiperf.record.ledger as ledger_module
 from aiperf.engine.weights import WeightStore, save_weights
@@ -89,7 +89,7 @@ def test_kept_weights_that_cannot_be_read_back_are_skipped_with_a_warning_naming
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(aiperf_cmd(*args), capture_output=True, text=True, env=cli_env(), timeout=600, cwd=REPO)
+    return run_cli(*args, timeout=600)
 
 
 @pytest.mark.slow

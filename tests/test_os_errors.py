@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import REPO, aiperf_cmd, cli_env
+from helpers import run_cli
 
 from aiperf.engine.weights import WeightStore
 from aiperf.errors import AiperfError
@@ -23,7 +23,7 @@ from aiperf.record.schema import Record
 
 
 def _cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(aiperf_cmd(*args), capture_output=True, text=True, env=cli_env(), timeout=timeout, cwd=REPO)
+    return run_cli(*args, timeout=timeout)
 
 
 def _one_line(proc: subprocess.CompletedProcess, code: int, *fragments: str) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import REPO, aiperf_cmd, cli_env
+from helpers import REPO, aiperf_cmd, cli_env, run_cli
 
 from aiperf.engine.weights import WeightStore, file_sha256, load_weights
 from aiperf.record.audit_file import AUDIT_NAME, read_audit
@@ -50,9 +50,7 @@ def audited_run(tmp_path_factory) -> Path:
 
 
 def _audit(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        aiperf_cmd("audit", *args), capture_output=True, text=True, env=cli_env(), timeout=300, cwd=REPO
-    )
+    return run_cli("audit", *args, timeout=300)
 
 
 def _copy(run: Path, tmp_path: Path) -> Path:

@@ -30,7 +30,7 @@ from nas.morph import random_morph
 
 pytestmark = pytest.mark.slow  # builds Keras models and lowers them with XLA
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 # --- 1. published figures ------------------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from aiperf.record.schema import HEADER, SHAPES, EpochRecord, Record, RecordType
 
 # Written by the code before typed records (commit 065d148): a real smoke run, continued with
 # every other record type, a NaN loss, None values, a record type and a field from a newer writer.
-FORMAT_1 = Path(__file__).parent / "data" / "ledger-format-1.jsonl"
+FORMAT_1 = Path(__file__).parent.parent / "data" / "ledger-format-1.jsonl"
 
 
 def test_every_record_of_the_old_ledger_reads_as_its_model_and_back_to_its_json():
@@ -69,5 +69,5 @@ def test_the_mllog_of_the_old_ledger_is_the_log_the_earlier_code_wrote():
     (MLCommons' logger also records the line of its call in aiperf/record/mllog.py)."""
     from aiperf.record.mllog import render
 
-    expected = (Path(__file__).parent / "data" / "mllog-format-1.txt").read_text()
+    expected = (Path(__file__).parent.parent / "data" / "mllog-format-1.txt").read_text()
     assert "".join(line + "\n" for line in render(read_ledger(FORMAT_1))) == expected

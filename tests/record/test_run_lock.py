@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import REPO, aiperf_cmd, cli_env
+from helpers import REPO, aiperf_cmd, cli_env, run_cli
 
 from aiperf.engine import run as run_module
 from aiperf.errors import AiperfError
@@ -25,7 +25,7 @@ from aiperf.record.runlock import LOCK_NAME, RunLock, RunLocked, live_holder
 
 
 def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(aiperf_cmd(*args), capture_output=True, text=True, env=cli_env(), timeout=timeout, cwd=REPO)
+    return run_cli(*args, timeout=timeout)
 
 
 HOLDER = textwrap.dedent(

@@ -14,7 +14,7 @@ import types
 
 import psutil
 import pytest
-from helpers import REPO, aiperf_cmd, cli_env
+from helpers import run_cli
 
 from aiperf.record.telemetry import (
     SHARED_MACHINE_PERCENT,
@@ -161,7 +161,7 @@ def _telemetry_run(sim_run, tmp_path, busy: float, run: float):
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(aiperf_cmd(*args), capture_output=True, text=True, env=cli_env(), timeout=120, cwd=REPO)
+    return run_cli(*args, timeout=120)
 
 
 def test_summary_verify_and_report_show_the_shared_machine(sim_run, tmp_path):

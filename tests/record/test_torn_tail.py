@@ -8,13 +8,13 @@ import shutil
 import subprocess
 
 import pytest
-from helpers import REPO, aiperf_cmd, cli_env
+from helpers import run_cli
 
 from aiperf.record.ledger import read_ledger_contents
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(aiperf_cmd(*args), capture_output=True, text=True, env=cli_env(), timeout=120, cwd=REPO)
+    return run_cli(*args, timeout=120)
 
 
 @pytest.fixture

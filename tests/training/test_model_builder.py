@@ -31,7 +31,7 @@ from nas.morph import Morph, apply_morph  # noqa: E402
 
 pytestmark = pytest.mark.slow  # builds and trains models on every backend
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BACKENDS = ("tensorflow", "jax", "torch")
 GRAPHS_PER_BACKEND = {"tensorflow": 3, "jax": 1, "torch": 2}  # JAX compiles every initializer shape: slow
 
