@@ -30,6 +30,8 @@ def test_smoke_run_trains_distinct_architectures_and_scores(smoke_run):
     trained = {r["trial"] for r in epochs}
     archs = {r["arch_id"] for r in records if r["type"] == "trial_start" and r["trial"] in trained}
     assert len(archs) >= 3, f"only {len(archs)} distinct architectures were trained"
+    # The worker's step count reaches the record (full batches only, docs/ledger.md).
+    assert all(r["steps"] >= 1 and r["steps"] * r["batch_size"] == r["train_images"] for r in epochs)
     # Two trials really overlapped in time on different workers.
     starts = {r["trial"]: (r["t"], r["worker"]) for r in records if r["type"] == "trial_start"}
     ends = {r["trial"]: r["t"] for r in records if r["type"] == "trial_end"}

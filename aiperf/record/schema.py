@@ -296,6 +296,7 @@ class EpochRecord(Record):
     epoch: Positive
     attempt: Count = 0
     train_images: Count | None = None
+    steps: Count | None = None  # training steps of the epoch (the worker's report; null from the simulator)
     eval_images: Count | None = None
     batch_size: Positive | None = None
     train_ops: Quantity | None = None
