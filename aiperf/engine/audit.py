@@ -480,7 +480,7 @@ def audit_run(
 
     Raises :class:`~aiperf.errors.AiperfError` for input that cannot be audited (exit 2).
     """
-    from aiperf.config import config_from_dict
+    from aiperf.engine.resume import recorded_config
     from aiperf.record.runlock import live_holder
 
     run_dir = Path(run_dir)
@@ -531,7 +531,7 @@ def audit_run(
     if problems:  # a weights file that is not what the run wrote: nothing computed from it can be trusted
         return _finish(run_dir, data, problems, checks, notes)
     try:
-        cfg = config_from_dict(header.config.model_dump(exclude_unset=True))
+        cfg = recorded_config(records)  # as --resume reads it
     except AiperfError as exc:
         raise AiperfError(f"{run_dir}: the run's recorded config is not usable here: {exc}") from None
     backend = cfg.model.backend
