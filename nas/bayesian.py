@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 
@@ -283,6 +283,8 @@ class BayesianMorphSearch(ArchitectureStrategy):
 
     ``accept`` is the full limits test (the proposal must pass it); ``accept_cheap`` a
     necessary part of it that is cheap to evaluate, used while expanding the search tree.
+    ``size_rank`` (the size schedule's, :mod:`nas.schedule`) is 0 for a candidate inside the
+    size band, how far below it otherwise, and infinite above it.
     """
 
     name = "bayesian"
@@ -301,8 +303,10 @@ class BayesianMorphSearch(ArchitectureStrategy):
         partial_noise: float = 0.25,
         refit_every: int = 8,
         accept_cheap: Accept | None = None,
+        size_rank: Callable[[Graph], float] | None = None,
     ) -> None:
         self._accept = accept
+        self._size_rank = size_rank
         self._accept_cheap = accept_cheap or accept
         self._rng = rng
         self.ucb_beta = ucb_beta
@@ -464,17 +468,12 @@ class BayesianMorphSearch(ArchitectureStrategy):
         scores = mean + self.ucb_beta * std
         for node, score in zip(nodes, scores, strict=True):
             node.score = float(score)
-        pick = None
-        for index in np.argsort(-scores, kind="stable"):
-            node = nodes[int(index)]
-            del self._pool[node.graph.key()]
-            if self._accept(node.graph):
-                pick = int(index)
-                break
+        pick = self._pick(nodes, scores)
         if pick is None:
-            self.note = "every candidate exceeded the FLOPs limit"
+            self.note = "every candidate exceeded the FLOPs limit or the size band"
             return None
         best = nodes[pick]
+        del self._pool[best.graph.key()]
         if len(self._pool) > POOL_FACTOR * self._candidates:
             keep = heapq.nlargest(POOL_FACTOR * self._candidates, self._pool.values(), key=lambda n: n.score)
             self._pool = {n.graph.key(): n for n in keep}
@@ -487,6 +486,25 @@ class BayesianMorphSearch(ArchitectureStrategy):
             "gp_points": posterior.points,
         }
         return Child(best.origin, best.graph, best.morphs, info)
+
+    def _pick(self, nodes: list[_Node], scores: np.ndarray) -> int | None:
+        """The best-UCB candidate within the limits and the size band; else the one nearest below the band.
+
+        Candidates over a fixed limit can never be proposed and leave the pool; those outside
+        the band stay, as the band moves with the run.
+        """
+        fallback, fallback_rank = None, math.inf
+        for index in np.argsort(-scores, kind="stable"):
+            node = nodes[int(index)]
+            if not self._accept(node.graph):
+                del self._pool[node.graph.key()]
+                continue
+            rank = self._size_rank(node.graph) if self._size_rank is not None else 0.0
+            if rank == 0.0:
+                return int(index)
+            if rank < fallback_rank:
+                fallback, fallback_rank = int(index), rank
+        return fallback
 
     @staticmethod
     def _same_origin(a: Origin, b: Origin) -> bool:

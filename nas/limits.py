@@ -28,6 +28,7 @@ class Limits:
     max_flops_per_image: float
     flops_fn: FlopsFn | None = None
     _verdicts: dict[str, str] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _flops: dict[str, float] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("max_layers", "max_params"):
@@ -51,6 +52,19 @@ class Limits:
             self._verdicts[key] = verdict
         return verdict
 
+    def flops(self, graph: Graph) -> float | None:
+        """Training FLOPs per image by ``flops_fn`` (cached by key); None without a counter."""
+        if self.flops_fn is None:
+            return None
+        key = graph.key()
+        value = self._flops.get(key)
+        if value is None:
+            value = float(self.flops_fn(graph))
+            if len(self._flops) >= _CACHE_ENTRIES:
+                self._flops.clear()
+            self._flops[key] = value
+        return value
+
     def admits(self, graph: Graph) -> bool:
         return not self.reason(graph)
 
@@ -70,8 +84,7 @@ class Limits:
         structure = self.structure_reason(graph)
         if structure:
             return structure
-        if self.flops_fn is not None:
-            flops = float(self.flops_fn(graph))
-            if not flops <= self.max_flops_per_image:
-                return f"{flops:.4g} training FLOPs per image exceed max_flops_per_image={self.max_flops_per_image:.4g}"
+        flops = self.flops(graph)
+        if flops is not None and not flops <= self.max_flops_per_image:
+            return f"{flops:.4g} training FLOPs per image exceed max_flops_per_image={self.max_flops_per_image:.4g}"
         return ""

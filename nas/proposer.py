@@ -68,6 +68,13 @@ class Proposer(ABC):
     def forget(self, trial_id: str) -> None:
         """``trial_id`` failed or was cancelled before finishing; it is no longer pending."""
 
+    def at(self, progress: float) -> None:  # noqa: B027 - a hook: most proposers ignore the clock
+        """The run has used ``progress`` of its time budget (0 to 1); told before every :meth:`ask`.
+
+        A search whose proposals follow a timetable (the size schedule, :mod:`nas.schedule`) reads
+        it; the search itself keeps no clock, so it stays deterministic under test.
+        """
+
     @abstractmethod
     def restore(self, trial_id: str, proposal: TrialProposal, value: float | None, final: bool) -> None:
         """Re-enter a trial read back from the ledger (resume), without proposing anything."""

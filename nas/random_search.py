@@ -9,6 +9,7 @@ inheritance lives in :mod:`nas.search`; strategies only see origins, a "taken" p
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -141,19 +142,34 @@ class RandomMorphSearch(ArchitectureStrategy):
 
     name = "random"
 
-    def __init__(self, accept: Accept, rng: np.random.Generator, max_morphs: int, attempts: int = 16) -> None:
+    def __init__(
+        self,
+        accept: Accept,
+        rng: np.random.Generator,
+        max_morphs: int,
+        attempts: int = 16,
+        size_rank: Callable[[Graph], float] | None = None,
+    ) -> None:
         self._accept = accept
         self._rng = rng
         self._max_morphs = max_morphs
         self._attempts = attempts
+        self._size_rank = size_rank  # as BayesianMorphSearch's: 0 inside the size band, more below it
 
     def propose(self, origins: Mapping[str, Origin], taken: Taken) -> Child | None:
+        """The first untaken child inside the size band; failing that, of those drawn, the nearest below it."""
         if not origins:
             return None
+        fallback, fallback_rank = None, math.inf
         for _ in range(self._attempts):
             origin = random_origin(origins, self._rng)
             steps = int(self._rng.integers(1, self._max_morphs + 1))
             grown = grow(origin.graph, self._rng, steps, origin.kernel_size, self._accept)
             if grown is not None and not taken(grown[0].key()):
-                return Child(origin, grown[0], grown[1], {"strategy": self.name})
-        return None
+                child = Child(origin, grown[0], grown[1], {"strategy": self.name})
+                rank = self._size_rank(grown[0]) if self._size_rank is not None else 0.0
+                if rank == 0.0:
+                    return child
+                if rank < fallback_rank:
+                    fallback, fallback_rank = child, rank
+        return fallback

@@ -15,6 +15,11 @@ Trial kinds and the interleaving policy:
   *gain over the root trial*; results that finish before their root are held until it does.
   The lineage re-tuned is, among the three with the best accuracy, the one re-tuned least.
 
+Size schedule (optional, :mod:`nas.schedule`): the master tells the search the run's progress
+before every ask (:meth:`AutoMLSearch.at`); nothing above the FLOPs-per-image band of that
+moment is proposed, the architecture search takes the best candidate inside the band (the
+largest below it when none is inside yet), and re-tunes pick among the lineages inside it.
+
 Start-up: until some trial has completed nothing can be inherited, so every ask gets work
 that needs no weights -- random morph children of the seed trained from scratch
 (``inherit=None``) and tune trials of the seed, in the same proportion as later.
@@ -22,6 +27,7 @@ that needs no weights -- random morph children of the seed trained from scratch
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -45,6 +51,7 @@ from nas.random_search import (
     RandomMorphSearch,
     grow,
 )
+from nas.schedule import SizeSchedule
 
 TUNE_CANDIDATES = 3  # lineages considered for re-tuning: the best three
 TUNE_RESAMPLES = 3  # TPE samples tried when a sampled kernel makes the graph exceed the limits
@@ -136,17 +143,26 @@ def _kernel_of_deeper(graph: Graph, morphs: tuple[Morph, ...], kernel: int) -> t
 class AutoMLSearch(Proposer):
     """Architecture search plus TPE behind the master's ask/tell interface (see the module docstring)."""
 
-    def __init__(self, settings: SearchSettings, seed_graph: Graph, limits: Limits) -> None:
+    def __init__(
+        self, settings: SearchSettings, seed_graph: Graph, limits: Limits, schedule: SizeSchedule | None = None
+    ) -> None:
         reason = limits.reason(seed_graph)
         if reason:
             raise NasError(f"the seed architecture is over the search limits: {reason}")
+        if schedule is not None and limits.flops_fn is None:
+            raise NasError("a size schedule needs the limits' FLOPs counter (flops_fn)")
         self.settings = settings
         self.limits = limits
         self.seed_graph = seed_graph
+        self.schedule = schedule
+        self._progress = 0.0
         self._rng = np.random.default_rng([settings.seed, 0])
         self.tuner = HyperparameterTuner(settings.hparam_space, seed=settings.seed)
         self._fallback = RandomMorphSearch(
-            limits.admits, np.random.default_rng([settings.seed, 1]), settings.max_morphs_per_child
+            self._admits_now,
+            np.random.default_rng([settings.seed, 1]),
+            settings.max_morphs_per_child,
+            size_rank=self._size_rank if schedule is not None else None,
         )
         self.strategy: ArchitectureStrategy
         if settings.strategy == "bayesian":
@@ -160,6 +176,7 @@ class AutoMLSearch(Proposer):
                 candidates=settings.candidates,
                 landmarks=settings.landmarks,
                 accept_cheap=limits.admits_structure,
+                size_rank=self._size_rank if schedule is not None else None,
             )
         else:
             self.strategy = self._fallback
@@ -193,11 +210,14 @@ class AutoMLSearch(Proposer):
             self._asks += 1
             want_tune = math.floor(self.settings.retune_fraction * self._asks) > self._tunes
             proposal = self._tune(trial_id) if want_tune else None
-            proposal = proposal or self._arch() or self._tune(trial_id)
+            proposal = proposal or self._arch() or self._tune(trial_id, anywhere=True)
             if proposal is None:  # the seed lineage can always be re-tuned, so this is a bug
                 raise NasError("the search found nothing to propose")  # pragma: no cover
         self._register(trial_id, proposal)
         return proposal
+
+    def at(self, progress: float) -> None:
+        self._progress = min(max(float(progress), 0.0), 1.0)
 
     def tell(self, trial_id: str, value: float, final: bool) -> None:
         trial = self._active(trial_id)
@@ -267,7 +287,7 @@ class AutoMLSearch(Proposer):
         for attempt in range(STARTUP_ATTEMPTS):
             # Longer walks only when the short ones keep hitting taken architectures.
             steps = int(self._rng.integers(1, most + 1)) + attempt // 8
-            grown = grow(self.seed_graph, self._rng, steps, hparams["kernel_size"], self.limits.admits)
+            grown = grow(self.seed_graph, self._rng, steps, hparams["kernel_size"], self._admits_now)
             if grown is not None and not self._taken(grown[0].key()):
                 return TrialProposal(
                     grown[0],
@@ -280,16 +300,28 @@ class AutoMLSearch(Proposer):
                 )
         return None
 
-    def _tune_target(self) -> str:
-        """The lineage root to re-tune: of the best three, the one re-tuned least; the seed at start-up."""
+    def _tune_target(self, anywhere: bool) -> str | None:
+        """The lineage root to re-tune: of the best three, the one re-tuned least; the seed at start-up.
+
+        Under a size schedule the best three are taken among the lineages inside the band now
+        (None when there is none), unless ``anywhere``.
+        """
         if not self._top_roots:
             assert self._seed_trial is not None
             return self._seed_trial
         best = self._lineage_best
-        return min(self._top_roots, key=lambda r: (self._tunes_per_root[r], -best[r]))
+        roots = self._top_roots
+        if self.schedule is not None and not anywhere:
+            in_band = (r for r in self._done_order if self._size_rank(self._trials[r].proposal.graph) == 0.0)
+            roots = heapq.nsmallest(TUNE_CANDIDATES, in_band, key=lambda r: (-best[r], self._done_order[r]))
+            if not roots:
+                return None
+        return min(roots, key=lambda r: (self._tunes_per_root[r], -best[r]))
 
-    def _tune(self, trial_id: str) -> TrialProposal | None:
-        root_id = self._tune_target()
+    def _tune(self, trial_id: str, anywhere: bool = False) -> TrialProposal | None:
+        root_id = self._tune_target(anywhere)
+        if root_id is None:
+            return None
         root = self._trials[root_id].proposal
         base = self.seed_graph if root.parent is None else self._trials[root.parent].proposal.graph
         for _ in range(TUNE_RESAMPLES):
@@ -298,7 +330,7 @@ class AutoMLSearch(Proposer):
                 graph, morphs = _kernel_of_deeper(base, root.morphs, hparams["kernel_size"])
             except NasError:
                 graph = None
-            if graph is not None and self.limits.admits(graph):
+            if graph is not None and (self.limits.admits(graph) if anywhere else self._admits_now(graph)):
                 return TrialProposal(
                     graph,
                     TrialKind.TUNE,
@@ -310,6 +342,22 @@ class AutoMLSearch(Proposer):
                 )
             self.tuner.fail(trial_id)
         return None
+
+    # --- the size schedule ----------------------------------------------------------------------
+    def _admits_now(self, graph: Graph) -> bool:
+        """Within the limits and not above the size band at the current progress."""
+        if not self.limits.admits(graph):
+            return False
+        return self.schedule is None or self._size_rank(graph) < math.inf
+
+    def _size_rank(self, graph: Graph) -> float:
+        """0 inside the band, ``ln(low / flops)`` below it, infinite above it (no schedule: 0)."""
+        flops = self.limits.flops(graph)
+        if self.schedule is None or flops is None:
+            return 0.0
+        if not self.schedule.admits(flops, self._progress):
+            return math.inf
+        return self.schedule.shortfall(flops, self._progress)
 
     # --- bookkeeping ------------------------------------------------------------------------
     def _register(self, trial_id: str, proposal: TrialProposal) -> None:
@@ -415,9 +463,11 @@ class AutoMLSearch(Proposer):
         return top.id, top.result
 
 
-def make_proposer(settings: SearchSettings, seed_graph: Graph, limits: Limits) -> Proposer:
-    """The search the master runs, configured by ``settings``."""
-    return AutoMLSearch(settings, seed_graph, limits)
+def make_proposer(
+    settings: SearchSettings, seed_graph: Graph, limits: Limits, schedule: SizeSchedule | None = None
+) -> Proposer:
+    """The search the master runs, configured by ``settings`` (sizes following ``schedule`` when given)."""
+    return AutoMLSearch(settings, seed_graph, limits, schedule)
 
 
 __all__ = ["HPARAM_KEYS", "AutoMLSearch", "SearchSettings", "make_proposer"]

@@ -17,6 +17,8 @@ from nas.graph import Graph
 from nas.proposer import Proposer
 
 if TYPE_CHECKING:
+    from nas.limits import Limits
+    from nas.schedule import SizeSchedule
     from nas.search import SearchSettings
 
 
@@ -103,4 +105,15 @@ def make_search(cfg: Config, seed_graph: Graph, plan_batch: int) -> Proposer:
     reason = limits.reason(seed_graph)
     if reason:
         raise AiperfError(f"the seed architecture is already over a search limit: {reason}")
-    return make_proposer(search_settings(cfg, plan_batch), seed_graph, limits)
+    return make_proposer(search_settings(cfg, plan_batch), seed_graph, limits, size_schedule(cfg, seed_graph, limits))
+
+
+def size_schedule(cfg: Config, seed_graph: Graph, limits: Limits) -> SizeSchedule | None:
+    """The config's size schedule: from the seed's FLOPs per image to ``size_growth`` times that, capped."""
+    from nas.schedule import SizeSchedule
+
+    growth = cfg.search.size_growth
+    start = limits.flops(seed_graph)
+    if growth is None or start is None:
+        return None
+    return SizeSchedule(start, min(start * growth, max(start, cfg.search.max_flops_per_image)), cfg.search.size_band)

@@ -26,7 +26,11 @@ def run(acc=0.97, precision="mixed_bfloat16", disjoint=True, last_t=4000.0, rule
         RunStartRecord(
             t=0.0,
             run_id="r",
-            config={"run": {"name": "imagenet"}, "dataset": {"name": "image_folder"}},
+            config={
+                "run": {"name": "imagenet"},
+                "dataset": {"name": "image_folder"},
+                "search": {"size_growth": 2.0, "size_band": 1.5},
+            },
             rules=dict(RULES if rules is None else rules),
             dataset={
                 "name": "image_folder",
@@ -255,6 +259,9 @@ def test_a_non_imagenet_workload_is_valid_but_never_official():
         (lambda s: s["config"]["run"].update(name="mine"), "config mine on dataset image_folder is not a built-in"),
         (lambda s: s["dataset"].update(train_images=128_000), "dataset of 178,000 images instead of 1,331,167"),
         (lambda s: s["rules"].update(official_min_duration_s=10.0), "rules.official_min_duration_s 10 instead of 3600"),
+        (lambda s: s["config"]["search"].update(size_growth=4), "search.size_growth 4 instead of 2"),
+        (lambda s: s["config"].pop("search"), "search.size_growth null (no schedule) instead of 2"),
+        (lambda s: s["config"]["search"].update(size_band=9.0), "search.size_band 9 instead of 1.5"),
     ],
 )
 def test_a_custom_config_dataset_or_rule_is_not_comparable(edit, reason):

@@ -8,6 +8,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from layer_flops import conv_dense_train_flops
 
 from nas.errors import NasError
 from nas.graph import Graph
@@ -23,14 +24,7 @@ SEED = small_resnet(input_shape=(16, 16, 1))
 SPACE = HyperparameterSpace(kernel_sizes=(1, 3, 5), epochs=(1, 3))
 
 
-def _flops(graph: Graph) -> float:
-    """Training FLOPs per image of the conv and dense layers (3x forward multiply-adds x2)."""
-    total = 0
-    for node in graph.nodes:
-        if node.op in ("conv", "dense"):
-            kernel = graph.weight_shapes(node.id)[0]
-            total += math.prod(kernel) * math.prod(graph.shape(node.id)[:-1])
-    return 6.0 * total
+_flops = conv_dense_train_flops
 
 
 LIMITS = Limits(max_layers=14, max_params=60_000, max_flops_per_image=4e7, flops_fn=_flops)

@@ -78,6 +78,9 @@ class _ListProposer:
     def ask(self, trial_id: str) -> TrialProposal:
         return TrialProposal(self.graphs.pop(0), TrialKind.TUNE, dict(HP))
 
+    def at(self, progress: float) -> None:
+        pass
+
     def tell(self, *args: Any) -> None:
         pass
 

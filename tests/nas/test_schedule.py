@@ -1,0 +1,97 @@
+"""The size schedule: the band of FLOPs per image moves on a fixed timetable, and the search follows it."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from layer_flops import conv_dense_train_flops
+
+from nas.errors import NasError
+from nas.limits import Limits
+from nas.proposer import TrialKind
+from nas.schedule import SizeSchedule
+from nas.search import AutoMLSearch, SearchSettings
+from nas.zoo import small_resnet
+
+SEED = small_resnet(input_shape=(16, 16, 1), width=8)
+
+
+_flops = conv_dense_train_flops
+
+
+LIMITS = Limits(max_layers=40, max_params=2_000_000, max_flops_per_image=1e9, flops_fn=_flops)
+START = _flops(SEED)
+
+
+def test_the_band_starts_at_the_seed_and_ends_at_its_end():
+    s = SizeSchedule(start=1e6, end=16e6, width=4.0)
+    assert s.band(0.0) == (1e6, 2e6)  # clipped below at the start
+    assert s.band(1.0) == (8e6, 16e6)  # clipped above at the end
+    low, high = s.band(0.5)
+    assert low == pytest.approx(2e6) and high == pytest.approx(8e6)  # centre 4e6, x/÷ 2
+    assert s.band(-3) == s.band(0) and s.band(7) == s.band(1)  # progress is clamped
+    assert s.admits(8e6, 0.5) and not s.admits(8.1e6, 0.5)
+    assert s.shortfall(3e6, 0.5) == 0.0
+    assert s.shortfall(1e6, 0.5) == pytest.approx(math.log(2.0))
+
+
+@pytest.mark.parametrize(
+    "start, end, width",
+    [(0.0, 1.0, 2.0), (2.0, 1.0, 2.0), (1.0, 2.0, 0.5), (1.0, math.inf, 2.0), (True, 2.0, 2.0)],
+)
+def test_an_impossible_schedule_is_refused(start, end, width):
+    with pytest.raises(NasError, match="size schedule"):
+        SizeSchedule(start, end, width)
+
+
+def test_a_schedule_needs_a_flops_counter():
+    with pytest.raises(NasError, match="flops_fn"):
+        AutoMLSearch(SearchSettings(), SEED, Limits(40, 10**7, 1e12), SizeSchedule(1.0, 2.0, 2.0))
+
+
+def _drive(search: AutoMLSearch, trials: int, workers: int = 4) -> list[tuple[float, TrialKind, float]]:
+    """A master's ask/tell over ``trials`` asks spread evenly over the run; accuracy grows with size."""
+    rng = np.random.default_rng(0)
+    running: list[tuple[str, float]] = []
+    out = []
+    for k in range(trials):
+        progress = k / trials
+        search.at(progress)
+        proposal = search.ask(f"t{k:03d}")
+        flops = _flops(proposal.graph)
+        out.append((progress, proposal.kind, flops))
+        running.append((f"t{k:03d}", flops))
+        if len(running) >= workers:
+            done, size = running.pop(0)
+            search.tell(done, min(0.99, 0.6 + 0.05 * math.log(size / START) + rng.normal(0, 0.01)), True)
+    return out
+
+
+@pytest.mark.parametrize("strategy", ["bayesian", "random"])
+def test_proposals_never_exceed_the_band_and_follow_it_once_running(strategy):
+    schedule = SizeSchedule(START, 16 * START, 2.0)
+    settings = SearchSettings(strategy=strategy, seed=3, candidates=24, landmarks=8)
+    log = _drive(AutoMLSearch(settings, SEED, LIMITS, schedule), 90)
+    for progress, _, flops in log:
+        assert flops <= schedule.band(progress)[1] * (1 + 1e-9)
+    late = [(p, f) for p, kind, f in log if p >= 0.3]
+    inside = [f >= schedule.band(p)[0] for p, f in late]
+    assert sum(inside) >= 0.8 * len(late), "the search should keep up with the band"
+    assert any(kind == TrialKind.TUNE for p, kind, _ in log if p >= 0.3), "re-tuning goes on under the schedule"
+
+
+def test_seeds_train_similar_sizes_under_a_schedule():
+    """The point of the schedule: the sizes a run trains do not depend on the search's luck."""
+
+    def mean_log_size(seed: int, schedule: SizeSchedule | None) -> float:
+        settings = SearchSettings(seed=seed, candidates=24, landmarks=8)
+        log = _drive(AutoMLSearch(settings, SEED, LIMITS, schedule), 60)
+        return float(np.mean([math.log(f) for _, _, f in log]))
+
+    schedule = SizeSchedule(START, 16 * START, 2.0)
+    scheduled = [mean_log_size(seed, schedule) for seed in range(3)]
+    assert max(scheduled) - min(scheduled) < math.log(1.3)
+    centre = np.mean([math.log(schedule.centre(k / 60)) for k in range(60)])
+    assert abs(np.mean(scheduled) - centre) < math.log(1.6), "sizes follow the band's centre"
