@@ -78,6 +78,9 @@ def _configure_logging(verbosity: int) -> None:
     configure(verbosity)
 
 
+RANK_CHOICES = ("ops", "regulated", "efficiency", "ops_per_watt")  # aiperf.submission.ranking.RANK_KEYS
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="aiperf",
@@ -97,9 +100,22 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run the benchmark (default config: MNIST digits, ~5 minutes)")
     _config_args(run)
     run.add_argument("--resume", metavar="RUN_DIR", help="continue a run whose master stopped, from its ledger")
+    run.add_argument(
+        "--repeat",
+        type=int,
+        metavar="N",
+        help="N runs with seeds run.seed, run.seed+1, ...; prints the median, CV, min and max of their scores",
+    )
 
     plan = sub.add_parser("plan", help="print how the run would be sized on the current cluster, run nothing")
     _config_args(plan)
+
+    system = sub.add_parser(
+        "system", help="measure the nodes a run would use and write the system description (docs/system.md)"
+    )
+    _config_args(system)
+    system.add_argument("--site", default=None, metavar="FILE", help="the submitter's site file (YAML)")
+    system.add_argument("--output", "-o", default=None, help="write the description here (default: print it)")
 
     flops = sub.add_parser("flops", help="per-layer FLOPs of an architecture JSON or a saved Keras model")
     flops.add_argument("file")
@@ -129,6 +145,27 @@ def build_parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="write a self-contained HTML report for a run")
     report.add_argument("run_dir")
     report.add_argument("--output", "-o", default=None, help="where to write (default RUN_DIR/report.html)")
+
+    package = sub.add_parser(
+        "package", help="write a submission package of verified, audited runs and their system (docs/submission.md)"
+    )
+    package.add_argument("runs", nargs="+", metavar="RUN", help="run directories (verified and audited)")
+    package.add_argument("--system", required=True, metavar="FILE", help="the system description (aiperf system -o)")
+    package.add_argument("--output", "-o", required=True, metavar="DIR", help="the package folder to create")
+
+    check = sub.add_parser("check", help="check a submission package (exit 0 accepted, 1 findings, 2 unreadable)")
+    check.add_argument("package_dir", metavar="DIR")
+    check.add_argument("--retrain", type=int, default=0, metavar="K", help="also re-train K trials per run (0)")
+    check.add_argument(
+        "--sample", type=int, default=None, help="trials to re-evaluate besides the best (default: as the stored audit)"
+    )
+
+    listing = sub.add_parser("list", help="rank submission packages: a table, and --csv/--md/--html files")
+    listing.add_argument("dirs", nargs="+", metavar="DIR", help="a package, or a folder of packages")
+    listing.add_argument("--by", choices=RANK_CHOICES, default="ops", help="rank by this figure (ops)")
+    listing.add_argument("--csv", default=None, metavar="FILE", help="also write the list as CSV")
+    listing.add_argument("--md", default=None, metavar="FILE", help="also write the list as a Markdown table")
+    listing.add_argument("--html", default=None, metavar="FILE", help="also write a self-contained HTML page")
 
     make = sub.add_parser(
         "make-imagenet",
@@ -167,6 +204,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from aiperf.config import load_config
     from aiperf.engine.run import run_benchmark
 
+    if args.repeat is not None:
+        from aiperf.engine.repeat import run_repeated
+
+        if args.resume:
+            raise AiperfError("--repeat starts new runs; it cannot be combined with --resume")
+        return run_repeated(load_config(args.config, args.overrides), args.repeat, args.address, _stdout())
     if args.resume:
         if args.config or args.overrides:
             raise AiperfError("--resume continues a run with its own recorded config; drop --config/--set")
@@ -199,6 +242,15 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     finally:
         session.shutdown()
     print(format_plan(plan), file=_stdout())
+    return 0
+
+
+def _cmd_system(args: argparse.Namespace) -> int:
+    from aiperf.config import load_config
+    from aiperf.system.command import system_command
+
+    cfg = load_config(args.config, args.overrides)
+    print(system_command(cfg, args.address, args.site, args.output), file=_stdout())
     return 0
 
 
@@ -305,6 +357,31 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_package(args: argparse.Namespace) -> int:
+    from aiperf.submission.package import package_command
+
+    print(package_command(args.runs, args.system, args.output), file=_stdout())
+    return 0
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    """Exit 0 accepted, 1 findings (one line each, all of them), 2 not a readable package."""
+    from aiperf.submission.check import check_package
+
+    if args.retrain < 0 or (args.sample is not None and args.sample < 0):
+        raise AiperfError("--retrain and --sample take a count of trials, 0 or more")
+    result = check_package(Path(args.package_dir), retrain=args.retrain, sample=args.sample)
+    print(result.format(Path(args.package_dir)), file=_stdout())
+    return 0 if result.accepted else 1
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    from aiperf.submission.listing import make_list
+
+    print(make_list(args.dirs, args.by, csv_path=args.csv, md_path=args.md, html_path=args.html), file=_stdout())
+    return 0
+
+
 def _cmd_make_imagenet(args: argparse.Namespace) -> int:
     from aiperf.datasets.generate import GenerateSpec, generate_imagenet
 
@@ -359,10 +436,14 @@ def _cmd_scaling(args: argparse.Namespace) -> int:
 COMMANDS = {
     "run": _cmd_run,
     "plan": _cmd_plan,
+    "system": _cmd_system,
     "flops": _cmd_flops,
     "summary": _cmd_summary,
     "verify": _cmd_verify,
     "report": _cmd_report,
+    "list": _cmd_list,
+    "package": _cmd_package,
+    "check": _cmd_check,
     "audit": _cmd_audit,
     "make-imagenet": _cmd_make_imagenet,
     "scaling": _cmd_scaling,

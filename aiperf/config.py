@@ -17,6 +17,7 @@ of whose top-level keys is a config section is refused without quoting it, so
 from __future__ import annotations
 
 import os
+import shlex
 import stat
 from collections.abc import Mapping
 from importlib import resources
@@ -43,6 +44,49 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
+class PowerMeterConfig(_Section):
+    """A site power meter the telemetry samplers read (docs/results.md, "Energy")."""
+
+    command: str | None = Field(
+        None,
+        max_length=4096,
+        description="a command that prints one number: watts (or joules, see reading), e.g. a BMC or PDU reading;"
+        " split like a shell line (shlex), run without a shell; keep secrets out of it (it is recorded in the ledger)",
+    )
+    scope: Literal["node", "system"] = Field(
+        "node",
+        description="node: every node runs it and it measures that node; system: the first node runs it and it"
+        " measures everything the run uses (covers says what that includes)",
+    )
+    reading: Literal["watts", "joules"] = Field(
+        "watts", description="watts: the power now; joules: an energy counter that only grows (integrated)"
+    )
+    covers: list[Literal["compute_nodes", "interconnect", "storage"]] = Field(
+        ["compute_nodes"], min_length=1, description="the subsystems a system meter measures"
+    )
+    timeout_s: float = Field(2.0, gt=0, le=5.0, description="a reading slower than this counts as a failure")
+
+    @field_validator("command")
+    @classmethod
+    def _splits(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        try:
+            argv = shlex.split(v)
+        except ValueError as exc:
+            raise ValueError(f"cannot be split into arguments ({exc})") from None
+        if not argv:
+            raise ValueError("is empty (leave it out, or null, for no meter)")
+        return v
+
+    @model_validator(mode="after")
+    def _node_covers_its_node(self) -> PowerMeterConfig:
+        if self.scope == "node" and list(self.covers) != ["compute_nodes"]:
+            raise ValueError("covers: a node meter measures its compute node only; use scope: system for a meter"
+                             " that also covers the interconnect or storage")  # fmt: skip
+        return self
+
+
 class RunConfig(_Section):
     name: str = "default"
     organization: str = Field("unspecified", description="who ran it (MLPerf-style log: submission_org)")
@@ -56,6 +100,7 @@ class RunConfig(_Section):
     # At least 0.1 s: every sample costs each host CPU time (NodeSampler.sample walks all its processes;
     # the measured cost: benchmarks/RESULTS.md, "Figures moved from code comments").
     telemetry_interval_s: float = Field(5.0, ge=0.1, le=MAX_INTERVAL_S)
+    power_meter: PowerMeterConfig = PowerMeterConfig()
     grace_s: float = Field(
         0.0, ge=0, le=MAX_DURATION_S, description="after the budget, wait this long for running epochs to end"
     )
@@ -191,6 +236,14 @@ class SearchConfig(_Section):
     max_layers: int = Field(60, ge=1, description="weighted layers (conv, depthwise, dense)")
     max_params: int = Field(5_000_000, ge=1)
     max_flops_per_image: float = Field(2e9, gt=0, description="training FLOPs per image")
+    size_growth: float | None = Field(
+        None,
+        ge=1,
+        le=1e6,
+        description="size schedule: the FLOPs-per-image band's centre at the end of the run over the seed's"
+        " (capped at max_flops_per_image); null: no schedule (docs/search.md)",
+    )
+    size_band: float = Field(2.0, ge=1, le=1e3, description="size schedule: the band's high over its low")
     gp_window: int = Field(SEARCH.gp_window, ge=8, description="observations the GP is fitted on (best + newest)")
     candidates: int = Field(SEARCH.candidates, ge=1, description="candidate architectures scored per acquisition")
 
@@ -207,6 +260,23 @@ class ClusterConfig(_Section):
     max_trial_retries: int = Field(2, ge=0)
     checkpoint_every_epoch: bool = Field(True, description="send weights to the master after every epoch")
     queue_depth: int = Field(2, ge=1, le=4, description="trials queued per worker (>1 hides the master round trip)")
+    ceiling_s: float | Literal["auto"] = Field(
+        "auto",
+        description="seconds each worker times dense matrix multiplies at start (the measured ceiling,"
+        " docs/system.md); auto: 1 on CPU, 3 on accelerators; 0: not measured",
+    )
+    site: str | None = Field(
+        None,
+        max_length=4096,
+        description="the site file (aiperf system --site): its declared_peak figures are recorded at run start",
+    )
+
+    @field_validator("ceiling_s")
+    @classmethod
+    def _ceiling_range(cls, v: float | str) -> float | str:
+        if not isinstance(v, str) and not 0 <= v <= 60:
+            raise ValueError("must be 'auto' or a number of seconds from 0 to 60")
+        return v
 
 
 class RulesConfig(_Section):

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -43,3 +47,38 @@ def simulated_run(run_dir: Path) -> Path:
     sim = SimulationSettings(workers_per_node=2, device_ops_per_s=3e8, startup_s=0.5)
     simulate_run(cfg, 2, run_dir, zoo.small_resnet((8, 8, 1), 10, width=8), SIM_DATASET, sim)
     return run_dir
+
+
+# --- rendering a page in a real browser (the run report, the list) ----------------------------
+
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--enable-logging=stderr", "--v=0"]  # fmt: skip
+
+
+def chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        path = shutil.which(name)
+        if path:
+            return path
+    pytest.skip("no Chromium on PATH (Debian: apt-get install chromium); the page was not rendered")
+
+
+def render_in_chromium(html_path, tmp_path, *mode):
+    """Run headless Chromium on a page: (stdout, console messages logged as errors or uncaught exceptions)."""
+    profile = tmp_path / f"profile-{len(list(tmp_path.iterdir()))}"
+    proc = subprocess.run([chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *mode, html_path.as_uri()],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    console = [line for line in proc.stderr.splitlines() if ":CONSOLE" in line]
+    errors = [line for line in console if "Uncaught" in line or "Error" in line]
+    return proc, errors
+
+
+def page_health(html_path, tmp_path):
+    """What the page's own script recorded: (ready, images shown / total, errors caught on the page)."""
+    proc, console_errors = render_in_chromium(html_path, tmp_path, "--dump-dom")
+    dom = proc.stdout
+    ready = 'data-ready="1"' in dom
+    images = re.search(r'data-images="(\d+)/(\d+)"', dom)
+    caught = re.search(r'data-errors="([^"]*)"', dom)
+    return ready, images.groups() if images else None, (caught.group(1) if caught else None), console_errors

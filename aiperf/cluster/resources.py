@@ -35,6 +35,7 @@ class NodeInfo:
     accelerators: list[dict[str, Any]] = field(default_factory=list)  # nvidia-smi rows, all the node has
     resources: dict[str, float] = field(default_factory=dict)
     is_head: bool = False
+    description: dict[str, Any] = field(default_factory=dict)  # aiperf.system.node.NodeDescription, when probed
 
     @property
     def gpu_memory_bytes(self) -> int:
@@ -50,16 +51,30 @@ class NodeInfo:
         return ""
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """What the ledger's ``system.nodes`` holds (the full description is recorded once per kind of node)."""
+        data = asdict(self)
+        del data["description"]
+        return data
 
 
-def probe_this_node() -> dict[str, Any]:
-    """Facts only the node itself can tell (runs on the node, as a Ray task or locally)."""
+def probe_this_node(backend: str = "") -> dict[str, Any]:
+    """Facts only the node itself can tell (runs on the node, as a Ray task or locally).
+
+    ``description`` is the full measured description (:mod:`aiperf.system.node`) that
+    ``aiperf system`` writes and ``run_start`` records, once per kind of node.
+    """
     import psutil
 
+    from aiperf.system.node import describe_node
     from aiperf.training.backend import cpu_model, nvidia_gpus
 
+    try:
+        description = describe_node(backend).to_dict()
+    except Exception as exc:  # a node that cannot describe itself is still planned from the facts below
+        logger.debug("node description failed: %s", exc)
+        description = {}
     return {
+        "description": description,
         "hostname": socket.gethostname(),
         "cpu_model": cpu_model(),
         "physical_cores": psutil.cpu_count(logical=False) or os.cpu_count() or 1,
@@ -89,12 +104,14 @@ def apply_probe(node: NodeInfo, facts: dict[str, Any]) -> None:
     node.hostname = facts.get("hostname") or node.hostname
     node.cpu_model = facts.get("cpu_model", "")
     node.accelerators = list(facts.get("accelerators") or [])
+    node.description = dict(facts.get("description") or {})
     if facts.get("memory_bytes"):
         node.memory_bytes = int(facts["memory_bytes"])
 
 
-def cluster_nodes(probe: bool = True, timeout_s: float = 60.0) -> list[NodeInfo]:
-    """Alive nodes from Ray, head first; each enriched by an on-node probe when ``probe``.
+def cluster_nodes(probe: bool = True, timeout_s: float = 60.0, backend: str = "") -> list[NodeInfo]:
+    """Alive nodes from Ray, head first; each enriched by an on-node probe when ``probe``
+    (``backend``: the Keras backend the run uses, named in each node's description).
 
     A node whose probe does not answer within ``timeout_s`` (busy, or dying) keeps Ray's
     counts: it is still planned, just without accelerator details.
@@ -106,7 +123,7 @@ def cluster_nodes(probe: bool = True, timeout_s: float = 60.0) -> list[NodeInfo]
     if probe and nodes:
         task = ray.remote(num_cpus=0)(probe_this_node)
         refs = [
-            task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n.node_id, soft=False)).remote()
+            task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n.node_id, soft=False)).remote(backend)
             for n in nodes
         ]
         ready, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)

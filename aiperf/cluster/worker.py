@@ -27,6 +27,7 @@ from aiperf.training.trial import TrialSpec, Weights
 if TYPE_CHECKING:
     from aiperf.cluster.plan import Slot
     from aiperf.config import Config
+    from aiperf.system.ceiling import Ceiling
     from aiperf.training.backend import DeviceInfo
     from aiperf.training.trainer import TrainerSettings
 
@@ -54,6 +55,7 @@ class WorkerSettings:
     max_bad_fraction: float
     shuffle_buffer: int
     compiled_models: int
+    ceiling_s: float | Literal["auto"]  # cluster.ceiling_s: the matmul ceiling's time at start (0: none)
     compile_cache: str = ""  # the run's persistent compilation cache (each node uses a folder of its own)
     threads: int = 1  # CPU threads of this worker's slot
     data_parallel: int = 1  # devices one trial trains on (per_node placement)
@@ -73,6 +75,7 @@ class WorkerSettings:
             max_bad_fraction=cfg.dataset.max_bad_fraction,
             shuffle_buffer=cfg.dataset.shuffle_buffer,
             compiled_models=cfg.train.compiled_models,
+            ceiling_s=cfg.cluster.ceiling_s,
         )
 
     def for_slot(self, slot: Slot) -> WorkerSettings:
@@ -103,6 +106,7 @@ class TrialWorker:
         self.precision = trainer.precision
         self.runner = TrialRunner(dataset, trainer, backend)
         self.versions = versions(backend)
+        self.ceiling = _measure_ceiling(settings, self.device, self.precision)
         self.threads = threads
         self.decode_threads = trainer.decode_threads
         self.ready_at = time.monotonic()
@@ -137,6 +141,7 @@ class TrialWorker:
             "threads": self.threads,
             "decode_threads": self.decode_threads if self.runner.dataset.streaming else None,
             "init_s": self.init_s,
+            "ceiling": self.ceiling.to_dict() if self.ceiling is not None else None,
         }
 
     def run_trial(
@@ -215,6 +220,18 @@ def trainer_settings(settings: WorkerSettings, device: DeviceInfo) -> TrainerSet
         shuffle_buffer=settings.shuffle_buffer,
         compiled_models=settings.compiled_models,
     )
+
+
+def _measure_ceiling(settings: WorkerSettings, device: DeviceInfo, precision: str) -> Ceiling | None:
+    """The worker's dense matmul ceiling at the run's precision (docs/system.md), inside its start-up time."""
+    from aiperf.system.ceiling import SIZES, ceiling_seconds, measure_ceiling
+    from aiperf.system.peak import arithmetic_of
+
+    kind = "gpu" if device.kind == "gpu" else "cpu"
+    devices = max(1, settings.data_parallel) if kind == "gpu" else 1
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "") if kind == "gpu" else ""
+    seconds = ceiling_seconds(settings.ceiling_s, kind)
+    return measure_ceiling(seconds, arithmetic_of(precision), settings.backend, SIZES[kind], devices, visible)
 
 
 def _decode_threads(setting: int | Literal["auto"], threads: int) -> int:

@@ -13,11 +13,9 @@ from __future__ import annotations
 import contextlib
 import platform
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from aiperf import DISTRIBUTION
 from aiperf.config import Config
 from aiperf.engine.master import Master, MasterSettings, RunOutcome
 from aiperf.engine.resume import ResumePoint
@@ -33,9 +31,11 @@ from aiperf.record.schema import (
     RunStartRecord,
     RunStatus,
     RunStopRecord,
+    SystemHeader,
     TrialEndRecord,
     TrialStatus,
 )
+from aiperf.system.software import software_versions
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -47,26 +47,35 @@ if TYPE_CHECKING:
     from nas.graph import Graph
     from nas.proposer import Proposer
 
-# What ``versions`` names -> the distribution whose version it is (ours is published under its own name).
-VERSIONED = {"aiperf": DISTRIBUTION} | {
-    name: name for name in ("keras", "tensorflow", "jax", "jaxlib", "torch", "ray", "numpy", "optuna")
-}
 
+def system_description(
+    nodes: list[NodeInfo], plan: Plan | None = None, declared_peak: dict[str, dict[str, float]] | None = None
+) -> dict[str, Any]:
+    """The machine a session ran on, as ``run_start`` and ``resume`` record it.
 
-def software_versions(backend: str) -> dict[str, str]:
-    """Versions from package metadata (cheap: the master never imports the framework)."""
-    out = {"python": platform.python_version(), "backend": backend}
-    for name, distribution in VERSIONED.items():
-        try:
-            out[name] = metadata.version(distribution)
-        except metadata.PackageNotFoundError:
-            continue
-    return out
+    Besides Ray's view of each node: the measured description of each kind of node, the
+    devices of each kind the plan trains on, their peaks (docs/system.md), and the head's
+    software and source commit. ``declared_peak`` is the site file's (``cluster.site``).
+    """
+    from aiperf.system.kinds import attach_usage, group_nodes
+    from aiperf.system.peak import device_peaks
+    from aiperf.system.software import source_commit
 
-
-def system_description(nodes: list[NodeInfo]) -> dict[str, Any]:
-    """The machine a session ran on, as ``run_start`` and ``resume`` record it."""
-    return {"head": platform.node(), "platform": platform.platform(), "nodes": [n.to_dict() for n in nodes]}
+    kinds = group_nodes([(n.node_id, n.description) for n in nodes if n.description])
+    if plan is not None:
+        attach_usage(kinds, [(s.node_id, s.cpus, s.gpus) for s in plan.slots])
+    for kind in kinds:
+        kind.peaks = device_peaks(kind.description, declared_peak)
+    system: dict[str, Any] = {
+        "head": platform.node(),
+        "platform": platform.platform(),
+        "nodes": [n.to_dict() for n in nodes],
+        "kinds": [k.to_dict() for k in kinds],
+        "commit": source_commit(),
+    }
+    if declared_peak:
+        system["declared_peak"] = declared_peak
+    return system
 
 
 def run_start_record(
@@ -94,7 +103,7 @@ def run_start_record(
         run_id=run_id,
         config=ConfigHeader(**cfg.to_dict()),
         versions=software_versions(backend),
-        system=system,
+        system=SystemHeader(**system),
         plan=PlanHeader(**plan.to_dict()),
         dataset=dataset,
         rules=RulesHeader(**cfg.rules.model_dump()),
@@ -167,7 +176,7 @@ def open_session(
                 from_seq=resumed.from_seq,
                 weights_skipped=resumed.weights_skipped,
                 plan=plan.to_dict(),
-                system=system,
+                system=SystemHeader(**system),
             )
         )
         for trial in resumed.unfinished:  # their in-memory checkpoints died with the old master

@@ -262,7 +262,8 @@ def run_worker_settings(cfg: Config, threads: int, precision: str) -> WorkerSett
     """
     from aiperf.cluster.worker import WorkerSettings
 
-    return dataclasses.replace(WorkerSettings.from_config(cfg), threads=threads, data_parallel=1, precision=precision)
+    settings = WorkerSettings.from_config(cfg)  # no matmul ceiling: the audit re-trains, it does not score
+    return dataclasses.replace(settings, threads=threads, data_parallel=1, precision=precision, ceiling_s=0.0)
 
 
 def reevaluate(run_dir: Path, cfg: Config, dataset: Dataset, threads: int, trial: str, t: _Trial) -> TrialCheck:

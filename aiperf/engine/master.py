@@ -253,6 +253,7 @@ class Master:
     def _new_trial(self) -> TrialState:
         trial_id = f"t{next(self._ids):05d}"
         self.proposed += 1
+        self.proposer.at(self.clock() / self.settings.time_budget_s)
         proposal = self.proposer.ask(trial_id)
         graph = apply_hparams(proposal.graph, proposal.hparams)  # what the worker will build
         seed = self.settings.seed * 100_003 + self.proposed
@@ -663,6 +664,7 @@ class Master:
                 device=info.get("device", {}),
                 precision=info.get("precision"),
                 init_s=info.get("init_s"),
+                ceiling=info.get("ceiling"),
                 decode_threads=info.get("decode_threads"),
                 busy_s=busy,
                 alive_s=alive,

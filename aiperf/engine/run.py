@@ -127,6 +127,7 @@ def run_benchmark(
             if cfg is None:
                 raise AiperfError("run_benchmark needs a config or a run directory to resume")
             check_backend_installed(cfg.model.backend)  # before anything is created on disk
+            declared_peak(cfg)  # a bad site file is refused before anything is created too
             prepare_results_dir(cfg.run.results_dir)
             with through(errors):
                 return _run(cfg, address, out, None, [], locks)
@@ -209,6 +210,15 @@ def _run(
     return run_dir, summary
 
 
+def declared_peak(cfg: Config) -> dict[str, dict[str, float]]:
+    """The site file's declared peaks (``cluster.site``), device -> precision -> FLOP/s; {} without a site file."""
+    if not cfg.cluster.site:
+        return {}
+    from aiperf.system.site import read_site
+
+    return read_site(cfg.cluster.site).declared_peaks()
+
+
 def _lock(run_dir: Path) -> RunLock:
     from aiperf.record.runlock import RunLock
 
@@ -220,7 +230,7 @@ def _size(cfg: Config, dataset: Dataset, out: Output) -> tuple[list[NodeInfo], P
     from aiperf.cluster.plan import format_plan, make_plan
     from aiperf.cluster.resources import cluster_nodes
 
-    nodes = cluster_nodes(probe=True)
+    nodes = cluster_nodes(probe=True, backend=cfg.model.backend)
     if not nodes:
         raise AiperfError("the Ray cluster has no alive nodes")
     plan = make_plan(nodes, cfg)
@@ -253,10 +263,11 @@ def _session(
     from aiperf.cluster.pool import RayWorkerPool
     from aiperf.engine.assembly import open_session, run_start_record, system_description
     from aiperf.engine.progress import Progress
+    from aiperf.record.energy import MeterSpec
     from aiperf.record.telemetry import TelemetryRecorder
 
     weights = WeightStore(cfg.cluster.keep_weights, run_dir / WEIGHTS_DIR)
-    system = system_description(nodes)
+    system = system_description(nodes, plan, declared_peak(cfg))
     header: RunStartRecord | ResumePoint
     if previous:
         header = replay(previous, proposer, weights)
@@ -281,7 +292,12 @@ def _session(
         dataset_images=dataset.train_size + dataset.val_size,
         progress=progress,
     )
-    telemetry = TelemetryRecorder(run_dir, cfg.run.telemetry_interval_s)
+    meter = cfg.run.power_meter
+    spec: MeterSpec | None = None
+    if meter.command:
+        spec = {"command": meter.command, "scope": meter.scope, "reading": meter.reading,
+                "covers": list(meter.covers), "timeout_s": meter.timeout_s}  # fmt: skip
+    telemetry = TelemetryRecorder(run_dir, cfg.run.telemetry_interval_s, spec)
     try:
         run.run(_watched(run.master, telemetry, nodes))
     finally:

@@ -7,7 +7,9 @@ what each built-in workload's rules *are*, so the verdict can tell a run judged 
 workload's rules from one judged by rules of its own making. A run is identified as a built-in
 workload by its config's ``run.name`` and ``dataset.name``, and its dataset must have the
 workload's image count (a subset via ``dataset.max_train_images`` or another folder of images
-is a different dataset). Anything else is "custom rules: not comparable": the rule outcomes are
+is a different dataset), and the run must follow the workload's size schedule (the band of
+network sizes over the run, docs/search.md), since network size drives the rate a device
+reaches. Anything else is "custom rules: not comparable": the rule outcomes are
 still reported, but the run can never be official. Only ``imagenet`` is the official workload.
 """
 
@@ -33,6 +35,11 @@ class Workload:
     min_accuracy: float
     official_min_duration_s: float = 3600.0
     min_precision_bits: int = 16
+    size_growth: float | None = None  # the size schedule the search follows (docs/search.md); None: none
+    size_band: float = 2.0
+    # Runs of one config a ranked list entry needs (aiperf check, docs/submission.md): one score moves
+    # 16.6 % across search seeds on the default config (issue 21), so a list shows a median of several.
+    ranked_runs: int = 3
 
     @property
     def rules(self) -> dict[str, float]:
@@ -51,9 +58,18 @@ WORKLOADS: dict[str, Workload] = {
     w.name: w
     for w in (
         # ILSVRC-2012: 1,281,167 training and 50,000 validation images, as a folder or TFRecord shards.
-        Workload("imagenet", "imagenet", ("image_folder", "tfrecord"), 1_331_167, (1_281_167, 50_000), 0.70),
-        Workload("default", "mnist-default", ("mnist",), 5_000, (4_000, 1_000), 0.95),
-        Workload("smoke", "smoke", ("digits",), 1_797, (1_438, 359), 0.80),
+        Workload(
+            "imagenet",
+            "imagenet",
+            ("image_folder", "tfrecord"),
+            1_331_167,
+            (1_281_167, 50_000),
+            0.70,
+            size_growth=2.0,
+            size_band=1.5,
+        ),
+        Workload("default", "mnist-default", ("mnist",), 5_000, (4_000, 1_000), 0.95, size_growth=8.0, size_band=1.4),
+        Workload("smoke", "smoke", ("digits",), 1_797, (1_438, 359), 0.80, ranked_runs=2),
         Workload("fashion_mnist", "fashion-mnist", ("fashion_mnist",), 70_000, None, 0.90),
         Workload("synthetic", "synthetic", ("synthetic",), 22_000, (20_000, 2_000), 0.0),
     )
@@ -82,6 +98,21 @@ def _number(value: object) -> str:
     return str(value)
 
 
+def _schedule_differences(workload: Workload, start: RunStartRecord) -> list[str]:
+    """Where the run's size schedule differs from the workload's: sizes drive the rate, so both must match."""
+    search = start.config.search
+    reasons = []
+    if search.size_growth != workload.size_growth:
+        reasons.append(f"search.size_growth {_shown(search.size_growth)} instead of {_shown(workload.size_growth)}")
+    elif workload.size_growth is not None and search.size_band != workload.size_band:
+        reasons.append(f"search.size_band {_shown(search.size_band)} instead of {_shown(workload.size_band)}")
+    return reasons
+
+
+def _shown(value: object) -> str:
+    return "null (no schedule)" if value is None else _number(value)
+
+
 def identify(start: RunStartRecord) -> Comparability:
     """Match a ``run_start`` record against the built-in workloads; say what differs."""
     run_name, dataset = start.config.run.name, start.dataset
@@ -97,6 +128,7 @@ def identify(start: RunStartRecord) -> Comparability:
     for key, value in workload.rules.items():
         if given.get(key) is None or float(given[key]) != float(value):
             reasons.append(f"rules.{key} {_number(given.get(key))} instead of {_number(value)}")
+    reasons += _schedule_differences(workload, start)
     train, evaluation = dataset.train_images, dataset.eval_images
     skipped = dataset.bad_images.count if dataset.bad_images is not None else 0
     if train is not None and evaluation is not None:

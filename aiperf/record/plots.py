@@ -25,7 +25,8 @@ MAX_LEGEND = 10
 KIND_MARKERS = {"seed": "*", "arch": "o", "tune": "s"}
 
 
-def _figure(width: float = WIDTH, height: float = HEIGHT) -> tuple[Figure, Axes]:
+def new_figure(width: float = WIDTH, height: float = HEIGHT) -> tuple[Figure, Axes]:
+    """A figure drawn without a display (Agg), gridded, small tick labels: every plot aiperf embeds."""
     fig = Figure(figsize=(width, height), dpi=DPI)
     FigureCanvasAgg(fig)
     ax = fig.subplots()
@@ -34,7 +35,8 @@ def _figure(width: float = WIDTH, height: float = HEIGHT) -> tuple[Figure, Axes]
     return fig, ax
 
 
-def _png(fig: Figure) -> bytes:
+def to_png(fig: Figure) -> bytes:
+    """The figure as PNG bytes with no software stamp, so a page rebuilt from the same data is identical."""
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", metadata={"Software": None})
@@ -49,7 +51,7 @@ def score_over_time(timeline: Sequence[TimelinePoint]) -> bytes | None:
     """OPS and regulated score as they stood at each moment of the run."""
     if not timeline or not any(p["total_ops"] for p in timeline):
         return None
-    fig, ax = _figure()
+    fig, ax = new_figure()
     t = [p["t"] for p in timeline]
     ax.plot(t, [p["ops_per_s"] for p in timeline], label="OPS (counted operations / s)", color="#1f77b4")
     ax.plot(t, [p["regulated"] for p in timeline], label="regulated = OPS x |ln(1 - best accuracy)|", color="#d62728")
@@ -57,14 +59,14 @@ def score_over_time(timeline: Sequence[TimelinePoint]) -> bytes | None:
     ax.set_xlabel("time since run start (s, master clock)", fontsize=9)
     ax.set_title("Score over time", fontsize=10)
     ax.legend(fontsize=8, loc="lower right")
-    return _png(fig)
+    return to_png(fig)
 
 
 def best_error_over_time(timeline: Sequence[TimelinePoint], epochs: pd.DataFrame) -> bytes | None:
     """Best validation error so far (a step line), over every epoch's own validation error."""
     if epochs.empty:
         return None
-    fig, ax = _figure()
+    fig, ax = new_figure()
     errors = (1.0 - epochs["val_acc"].astype(float)).clip(lower=1e-4)
     ax.scatter(epochs["t"], errors, s=10, alpha=0.35, color="#7f7f7f", label="each epoch")
     points = [(p["t"], 1.0 - p["best_val_acc"]) for p in timeline if p["best_val_acc"] is not None]
@@ -86,7 +88,7 @@ def best_error_over_time(timeline: Sequence[TimelinePoint], epochs: pd.DataFrame
     ax.set_ylabel("validation error (1 - top-1)", fontsize=9)
     ax.set_title("Best validation error over time", fontsize=10)
     ax.legend(fontsize=8)
-    return _png(fig)
+    return to_png(fig)
 
 
 def ops_per_node(epochs: pd.DataFrame, hostnames: dict[str, str], bins: int | None = None) -> bytes | None:
@@ -103,7 +105,7 @@ def ops_per_node(epochs: pd.DataFrame, hostnames: dict[str, str], bins: int | No
     edges = np.linspace(0.0, end if end > 0 else 1.0, bins + 1)
     width = edges[1] - edges[0]
     centres = (edges[:-1] + edges[1:]) / 2
-    fig, ax = _figure()
+    fig, ax = new_figure()
     nodes = sorted(epochs["node"].fillna("?").unique())
     series = {}
     for node in nodes:
@@ -128,7 +130,7 @@ def ops_per_node(epochs: pd.DataFrame, hostnames: dict[str, str], bins: int | No
     ax.yaxis.set_major_formatter(_si("OPS"))
     ax.set_xlabel("time since run start (s)", fontsize=9)
     ax.set_title(f"Counted OPS per node ({width:.3g} s bins)", fontsize=10)
-    return _png(fig)
+    return to_png(fig)
 
 
 def busy_fraction(workers: pd.DataFrame) -> bytes | None:
@@ -136,7 +138,7 @@ def busy_fraction(workers: pd.DataFrame) -> bytes | None:
     data = workers.dropna(subset=["busy_fraction"])
     if data.empty:
         return None
-    fig, ax = _figure()
+    fig, ax = new_figure()
     if len(data) <= 64:
         data = data.sort_values("worker")
         nodes = list(dict.fromkeys(data["node"]))
@@ -151,14 +153,14 @@ def busy_fraction(workers: pd.DataFrame) -> bytes | None:
         ax.set_ylabel("workers", fontsize=9)
     mean = float(data["busy_fraction"].mean())
     ax.set_title(f"Device busy fraction per worker (mean {mean:.2f})", fontsize=10)
-    return _png(fig)
+    return to_png(fig)
 
 
 def lineage(trials: pd.DataFrame) -> bytes | None:
     """Every trial at (start time, generation), joined to its parent, coloured by its best accuracy."""
     if trials.empty:
         return None
-    fig, ax = _figure(WIDTH * 1.55, HEIGHT * 1.45)
+    fig, ax = new_figure(WIDTH * 1.55, HEIGHT * 1.45)
     where = {r.trial: (r.start_t, r.depth) for r in trials.itertuples()}
     for r in trials.itertuples():
         if isinstance(r.parent, str) and r.parent in where:
@@ -206,7 +208,7 @@ def lineage(trials: pd.DataFrame) -> bytes | None:
         locator.set_params(integer=True)
     ax.set_title(f"Architecture lineage: {len(trials)} trials (parent -> child)", fontsize=10)
     ax.legend(fontsize=7, loc="upper left")
-    return _png(fig)
+    return to_png(fig)
 
 
 def utilisation(telemetry: pd.DataFrame, hostnames: dict[str, str]) -> bytes | None:
@@ -218,7 +220,7 @@ def utilisation(telemetry: pd.DataFrame, hostnames: dict[str, str]) -> bytes | N
     data = data.dropna(subset=["util_percent"])
     if data.empty:
         return None
-    fig, ax = _figure()
+    fig, ax = new_figure()
     groups = list(data.groupby(["node", "device"]))
     for (node, device), frame in groups:
         label = f"{hostnames.get(node) or node[:8]} {device}" if len(groups) <= MAX_LEGEND else None
@@ -236,7 +238,7 @@ def utilisation(telemetry: pd.DataFrame, hostnames: dict[str, str]) -> bytes | N
     ax.set_title("Utilisation per node (telemetry)", fontsize=10)
     if len(groups) <= MAX_LEGEND:
         ax.legend(fontsize=7, loc="lower left")
-    return _png(fig)
+    return to_png(fig)
 
 
 def scaling(table: pd.DataFrame) -> bytes | None:
@@ -266,4 +268,4 @@ def scaling(table: pd.DataFrame) -> bytes | None:
     right.set_ylim(0, top if math.isfinite(top) else 1.1)
     right.set_title("Weak-scaling efficiency vs the smallest size", fontsize=10)
     right.legend(fontsize=8)
-    return _png(fig)
+    return to_png(fig)

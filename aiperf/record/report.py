@@ -20,6 +20,7 @@ from aiperf.errors import os_error
 from aiperf.metrics.rules import VerdictDict
 from aiperf.metrics.score import format_ops, score_timeline
 from aiperf.record import plots
+from aiperf.record.energy import joules_text
 from aiperf.record.files import write_atomic
 from aiperf.record.results import RunResults, load
 from aiperf.record.schema import RunStartRecord
@@ -127,11 +128,12 @@ def _pairs(items: Sequence[tuple[str, object]]) -> str:
     return f'<table class="pairs"><tbody>{rows}</tbody></table>'
 
 
-def _figure(png: bytes | None, caption: str, alt: str, wide: bool = False) -> str:
+def figure_html(png: bytes | None, caption: str, alt: str, wide: bool = False, empty: str = "nothing recorded") -> str:
+    """A captioned ``<figure>`` with the PNG inline (the page stays one file), or a note when there is no plot."""
     cls = ' class="wide"' if wide else ""
     if png is None:
         return (
-            f'<figure{cls}><div class="empty">{_e(alt)}: nothing recorded</div>'
+            f'<figure{cls}><div class="empty">{_e(alt)}: {_e(empty)}</div>'
             f"<figcaption>{_e(caption)}</figcaption></figure>"
         )
     data = base64.b64encode(png).decode()
@@ -152,6 +154,65 @@ def _verdict_class(verdict: VerdictDict) -> str:
     return "valid" if verdict["official"] else "unofficial"
 
 
+def _steadiness_card(steady: dict[str, Any] | None) -> tuple[str, str, str, str]:
+    """The run's own spread: the steady part's OPS with its 95 % interval (summaries before it: none)."""
+    if not steady:
+        return ("", "steady OPS", "-", "too few epochs to tell")
+    return (
+        "",
+        "steady OPS",
+        f"{format_ops(steady['steady_ops_per_s'])} ± {100 * steady['half_width']:.1f} %",
+        f"95 % interval over {steady['windows']} windows of {steady['window_s']:.0f} s after start-up;"
+        f" windows vary {100 * steady['window_cv']:.1f} %",
+    )
+
+
+def _efficiency_card(e: dict[str, Any] | None) -> tuple[str, str, str, str]:
+    """OPS against Rpeak and against the measured matmul ceiling (docs/system.md); "-" where unknown."""
+    if not e:
+        return ("", "efficiency", "-", "not recorded (a summary from before 2026-11-25)")
+    peak = f"{100 * e['ops_over_rpeak']:.1f} % of Rpeak" if e.get("ops_over_rpeak") is not None else "Rpeak unknown"
+    ceiling = e.get("ops_over_ceiling")
+    note = (
+        f"{100 * ceiling:.1f} % of the measured ceiling {format_ops(e['ceiling_flops'], 'FLOP/s')}"
+        if ceiling is not None
+        else "ceiling not measured"
+    )
+    if e.get("rpeak_flops"):
+        note += f"; Rpeak {format_ops(e['rpeak_flops'], 'FLOP/s')} ({', '.join(e.get('rpeak_sources') or [])}, dense)"
+    return ("", "OPS / Rpeak", peak, note)
+
+
+def _efficiency_section(summary: dict[str, Any]) -> str:
+    """Per kind of device: its devices, Rpeak (with its source), measured ceiling and both ratios."""
+    e = summary.get("efficiency")
+    if not e or not e.get("by_device"):
+        return ""
+
+    def flops(value: float | None) -> str:
+        return format_ops(value, "FLOP/s") if value else "unknown"
+
+    def share(value: float | None) -> str:
+        return f"{100 * value:.1f} %" if value is not None else "-"
+
+    rows = [
+        f"<tr><td>{_e(d['device'])}</td><td>{d['devices']} {_e(d['unit'])}(s) on {d['nodes']} node(s)</td>"
+        f"<td>{_e(d['precision'])}</td><td>{_e(format_ops(d['ops_per_s']))}</td>"
+        f"<td>{_e(flops(d['rpeak_flops']))}</td><td>{_e(d.get('rpeak_source') or '-')}</td>"
+        f"<td>{_e(share(d['ops_over_rpeak']))}</td><td>{_e(flops(d['ceiling_flops']))}</td>"
+        f"<td>{_e(share(d['ops_over_ceiling']))}</td></tr>"
+        for d in e["by_device"]
+    ]
+    references = "".join(
+        f'<p class="sub">{_e(d["device"])}: {_e(d.get("rpeak_arithmetic"))}; {_e(d.get("rpeak_reference"))}</p>'
+        for d in e["by_device"]
+        if d.get("rpeak_reference")
+    )
+    notes = "".join(f'<p class="note">{_e(n)}</p>' for n in e.get("notes") or [])
+    headers = ["device", "used", "precision", "OPS", "Rpeak", "source", "OPS / Rpeak", "ceiling", "OPS / ceiling"]
+    return '<h2 id="efficiency">Efficiency</h2>' + notes + _table(headers, rows) + references
+
+
 def _headline(summary: dict[str, Any]) -> str:
     s, v = summary["score"], summary["verdict"]
     acc = s.get("best_val_acc")
@@ -159,6 +220,8 @@ def _headline(summary: dict[str, Any]) -> str:
         ("headline", "regulated score", s["regulated_human"], "OPS x |ln(1 - best accuracy)|"),
         ("", "OPS", s["ops_human"], f"{format_ops(s['total_ops'], 'OP')} counted in {s['wall_s']:.1f} s"),
         ("", "AIPerf-compatible", s["aiperf_regulated_human"], "regulated, AIPerf's FLOP conventions"),
+        _steadiness_card(summary.get("steadiness")),
+        _efficiency_card(summary.get("efficiency")),
         (
             "",
             "best validation accuracy",
@@ -208,20 +271,20 @@ def _plots(results: RunResults, summary: dict[str, Any]) -> str:
     timeline = score_timeline(results.records)
     hosts = _hostnames(results.header)
     figures = [
-        _figure(
+        figure_html(
             plots.score_over_time(timeline), "Each point is the score had the run stopped then.", "score over time"
         ),
-        _figure(
+        figure_html(
             plots.best_error_over_time(timeline, results.epochs),
             "Grey: each counted epoch. Green: the best validation error so far.",
             "best validation error",
         ),
-        _figure(
+        figure_html(
             plots.ops_per_node(results.epochs, hosts),
             "Counted operations of the epochs each node completed, per second.",
             "OPS per node",
         ),
-        _figure(
+        figure_html(
             plots.busy_fraction(results.workers),
             "Time in training and evaluation steps over each worker's lifetime.",
             "busy fraction",
@@ -229,10 +292,12 @@ def _plots(results: RunResults, summary: dict[str, Any]) -> str:
     ]
     if not results.telemetry.empty:
         figures.append(
-            _figure(plots.utilisation(results.telemetry, hosts), format_telemetry(summary["telemetry"]), "utilisation")
+            figure_html(
+                plots.utilisation(results.telemetry, hosts), format_telemetry(summary["telemetry"]), "utilisation"
+            )
         )
     figures.append(
-        _figure(
+        figure_html(
             plots.lineage(results.trials),
             "Each trial at its start time and generation; lines join parent to child. Marker: star seed, "
             "circle new architecture, square re-tuned hyperparameters. Colour: best validation accuracy.",
@@ -315,6 +380,56 @@ def _input_section(summary: dict[str, Any]) -> str:
     )
 
 
+def _energy_section(summary: dict[str, Any]) -> str:
+    """Energy: OPS per watt with its methodology level, what it covers and from which sources, or "not measured"."""
+    energy = summary.get("energy")
+    if not energy:
+        return ""  # a summary from before the energy section
+    if not energy.get("measured"):
+        rows = [(k.replace("_", " "), v) for k, v in sorted((energy.get("not_available") or {}).items())]
+        return f'<h2 id="energy">Energy: not measured</h2><p class="sub">{_e(energy.get("headline"))}</p>' + (
+            _pairs(rows) if rows else ""
+        )
+    per_op = energy.get("joules_per_op")
+    items = [
+        ("OPS per watt", format_ops(energy["ops_per_watt"], "OPS/W") if energy.get("ops_per_watt") else "-"),
+        ("energy per counted operation", joules_text(per_op) if per_op is not None else "-"),
+        ("methodology level", f"{energy.get('level_text')} (EEHPC WG power measurement methodology, v2.0 RC 1.0)"),
+        ("covers", energy.get("covers_text")),
+        ("sources", "; ".join(energy.get("sources") or [])),
+        ("meter kind", energy.get("meter_kind")),
+        (
+            "nodes metered",
+            f"{energy.get('hosts_metered')} of {energy.get('hosts')}"
+            + (" (power extrapolated to all)" if energy.get("extrapolated") else ""),
+        ),
+        ("mean power", f"{energy['power_w']:.1f} W" if energy.get("power_w") is not None else "-"),
+        ("energy metered", f"{format_ops(energy['energy_j'], 'J')} over {energy.get('span_s') or 0:.0f} s"),
+    ]
+    aspects = [
+        f"<tr><td>{_e(name.replace('_', ' '))}</td><td>{_e(a.get('level') or 'below 1')}</td>"
+        f"<td>{_e(a.get('why'))}</td></tr>"
+        for name, a in (energy.get("aspects") or {}).items()
+    ]
+    parts = [
+        (
+            k.replace("_", " "),
+            f"{format_ops(v['energy_j'], 'J')}, mean {v['power_w']:.1f} W, {v['source']}, {v['hosts']} node(s)",
+        )
+        for k, v in (energy.get("by_subsystem") or {}).items()
+    ]
+    parts += [(f"{k.replace('_', ' ')} (not available)", v) for k, v in (energy.get("not_available") or {}).items()]
+    notes = "".join(f'<p class="note">{_e(n)}</p>' for n in energy.get("notes") or [])
+    return (
+        f'<h2 id="energy">Energy: {_e(energy.get("level_text"))}</h2>{notes}<div class="two"><div>'
+        + _pairs(items)
+        + "</div><div>"
+        + _table(["aspect", "level", "why"], aspects)
+        + "</div></div>"
+        + _pairs(parts)
+    )
+
+
 def _system(header: RunStartRecord, summary: dict[str, Any]) -> str:
     plan = header.plan
     nodes = [
@@ -356,7 +471,7 @@ def _system(header: RunStartRecord, summary: dict[str, Any]) -> str:
     return (
         "<h2>System</h2>"
         + _table(["node", "CPUs", "GPUs", "accelerator", "memory (GiB)", "CPU model"], nodes)
-        + f'<p class="sub">Head: {_e(system.get("head"))}; {_e(system.get("platform"))}</p>'
+        + f'<p class="sub">Head: {_e(system.head)}; {_e(system.platform)}</p>'
         + '<div class="two"><div><h2>Plan</h2>'
         + _pairs(plan_items)
         + "</div><div><h2>Dataset</h2>"
@@ -427,6 +542,8 @@ def render_report(results: RunResults, summary: dict[str, Any], run_dir: str | P
         + "<h2>Top architectures</h2>"
         + _top_architectures(results)
         + _input_section(summary)
+        + _energy_section(summary)
+        + _efficiency_section(summary)
         + _system(header, summary)
         + _audit_section(run_dir, summary)
         + f"<footer>Computed from {ledger['records']} ledger records; last hash <code>{_e(ledger['last_hash'])}</code>."

@@ -183,9 +183,15 @@ class _DatasetSection(_Shape):
     max_bad_fraction: Fraction | None = None
 
 
+class _SearchSection(_Shape):
+    size_growth: Number | None = None  # the size schedule (docs/search.md); None: no schedule
+    size_band: Number | None = None
+
+
 class ConfigHeader(_Shape):
     run: _RunSection = _RunSection()
     dataset: _DatasetSection = _DatasetSection()
+    search: _SearchSection = _SearchSection()
 
 
 class _Split(_Shape):
@@ -240,6 +246,135 @@ class RulesHeader(_Shape):
     min_precision_bits: Count | None = None
 
 
+class PeakFigureHeader(_Shape):
+    """One device's peak at one precision (aiperf.system.peak.PeakFigure)."""
+
+    flops_per_s: Quantity
+    arithmetic: str | None = None
+    source: str | None = None  # table | formula | declared
+    reference: str | None = None
+
+
+class _KindPeaks(_Shape):
+    accelerator: str | None = None  # the kind's accelerator model (None: a CPU-only kind)
+    per_accelerator: dict[str, PeakFigureHeader | None] = {}  # precision -> figure (None: unknown)
+    cpu: str | None = None
+    per_core: dict[str, PeakFigureHeader | None] = {}
+
+
+class _CacheLevel(_Shape):
+    level: Count | None = None
+    type: str | None = None
+    size_bytes: Count | None = None
+    instances: Count | None = None
+
+
+class _CpuDescription(_Shape):
+    model: str | None = None
+    vendor: str | None = None
+    architecture: str | None = None
+    family: Count | None = None
+    sockets: Count | None = None
+    cores: Count | None = None
+    threads: Count | None = None
+    base_mhz: Quantity | None = None
+    max_mhz: Quantity | None = None
+    clock_source: str | None = None
+    vector_isa: str | None = None
+    flags: list[str] = []
+    sve_vector_bits: Count | None = None
+    caches: list[_CacheLevel] = []
+
+
+class _AcceleratorDescription(_Shape):
+    index: Count | None = None
+    name: str | None = None
+    memory_bytes: Quantity | None = None
+    driver: str | None = None
+    cuda_driver: str | None = None
+    compute_capability: list[Count] | None = None
+    max_sm_mhz: Quantity | None = None
+    max_memory_mhz: Quantity | None = None
+    memory_bus_bits: Count | None = None
+    pci_bus_id: str | None = None
+    pcie_generation: Count | None = None
+    pcie_width: Count | None = None
+    nvlinks_active: Count | None = None
+    nvlink_version: Count | None = None
+    power_limit_w: Quantity | None = None
+    source: str | None = None
+
+
+class NodeDescriptionHeader(_Shape):
+    """One node measured from the inside (aiperf.system.node.NodeDescription; docs/system.md)."""
+
+    hostname: str | None = None
+    cpu: _CpuDescription | None = None
+    memory_bytes: Quantity | None = None
+    accelerators: list[_AcceleratorDescription] = []
+    accelerator_topology: dict[str, str] = {}
+    operating_system: str | None = None
+    kernel: str | None = None
+    software: dict[str, str] = {}
+    commit: str | None = None
+
+
+class NodeKindHeader(_Shape):
+    """Identical nodes (aiperf.system.kinds.NodeKind): the devices a run trains on and their peaks."""
+
+    count: Count
+    nodes: list[str] = []
+    hostnames: list[str] = []
+    description: NodeDescriptionHeader = NodeDescriptionHeader()
+    used_accelerators: Count = 0
+    used_cores: Count = 0
+    peaks: _KindPeaks = _KindPeaks()
+
+
+class _SystemNode(_Shape):
+    node_id: str | None = None
+    address: str | None = None
+    hostname: str | None = None
+    cpus: Quantity | None = None
+    gpus: Quantity | None = None
+    memory_bytes: Quantity | None = None
+    cpu_model: str | None = None
+    accelerators: list[dict[str, Any]] = []
+    resources: dict[str, Number] = {}
+    is_head: bool | None = None
+
+
+class SystemHeader(_Shape):
+    """``run_start.system`` and ``resume.system``: the machine a session ran on."""
+
+    head: str | None = None
+    platform: str | None = None
+    nodes: list[_SystemNode] | Count = []  # Ray's view of each node; a simulated run records its node count
+    simulated: bool | None = None
+    kinds: list[NodeKindHeader] = []  # absent in ledgers written before 2026-11-25
+    commit: str | None = None  # the head's source commit (aiperf.system.software.source_commit)
+    declared_peak: dict[str, dict[str, Quantity]] = {}  # the site file's, device -> precision -> FLOP/s
+
+
+class _SizeRate(_Shape):
+    n: Positive
+    flops_per_s: Quantity
+    reps: Count | None = None
+
+
+class CeilingHeader(_Shape):
+    """A worker's measured dense matmul ceiling (aiperf.system.ceiling.Ceiling)."""
+
+    flops_per_s: Quantity | None = None  # per device; None when the measurement failed
+    dtype: str | None = None
+    backend: str | None = None
+    seconds: Quantity | None = None
+    rates: list[_SizeRate] = []
+    devices: Positive = 1
+    device_ids: str = ""
+    error: str | None = None
+
+
 class RunStartRecord(Record):
     type: Literal[RecordType.RUN_START] = RecordType.RUN_START
     run_id: str
@@ -248,7 +383,7 @@ class RunStartRecord(Record):
     plan: PlanHeader = PlanHeader()
     rules: RulesHeader = RulesHeader()
     versions: dict[str, Any] = {}
-    system: dict[str, Any] = {}
+    system: SystemHeader = SystemHeader()
     seed_architecture: dict[str, Any] | None = None
 
 
@@ -364,6 +499,7 @@ class WorkerRecord(Record):
     decode_threads: Positive | None = None
     precision: str | None = None
     init_s: Quantity | None = None
+    ceiling: CeilingHeader | None = None  # absent in ledgers written before 2026-11-25
     worker_reported: dict[str, Any] | None = None
     retired: str | None = None
 
@@ -393,7 +529,7 @@ class ResumeRecord(Record):
     from_seq: Count | None = None
     weights_skipped: list[str] = []  # kept weights files that could not be read back (their children start afresh)
     plan: dict[str, Any] = {}
-    system: dict[str, Any] = {}
+    system: SystemHeader = SystemHeader()
 
 
 class RunStopRecord(Record):

@@ -2,9 +2,10 @@
 
 Because the summary is a pure function of the ledger, ``aiperf verify`` can recompute it
 and compare, and a run that was killed still gets a correct summary afterwards. The one
-addition from outside the ledger is the ``telemetry`` section (utilisation, energy), which
-is computed from ``telemetry.jsonl`` when the run recorded one; it never enters the score,
-but it can add notes to the verdict (a machine shared with other work, see
+additions from outside the ledger are the ``telemetry`` section (utilisation) and the
+``energy`` section (energy, OPS per watt and its methodology level, :mod:`aiperf.record.energy`),
+computed from ``telemetry.jsonl`` when the run recorded one; they never enter the score,
+but telemetry can add notes to the verdict (a machine shared with other work, see
 :func:`aiperf.record.telemetry.shared_machine_notes`).
 """
 
@@ -17,6 +18,9 @@ from typing import Any, TypedDict
 from aiperf.errors import AiperfError, os_error
 from aiperf.metrics.rules import evaluate_rules
 from aiperf.metrics.score import compute_score, format_ops
+from aiperf.metrics.steadiness import steadiness
+from aiperf.record.efficiency import efficiency_summary, format_efficiency
+from aiperf.record.energy import EnergySummary, format_energy, not_measured, summarize_energy
 from aiperf.record.files import write_atomic
 from aiperf.record.ledger import LEDGER_NAME, read_ledger
 from aiperf.record.schema import (
@@ -281,6 +285,8 @@ def summarize(records: list[Record], source: object = "the ledger") -> dict[str,
             "regulated_human": format_ops(score.regulated),
             "aiperf_regulated_human": format_ops(score.aiperf_regulated),
         },
+        "steadiness": steady.to_dict() if (steady := steadiness(records)) is not None else None,
+        "efficiency": efficiency_summary(records, score.ops_per_s, score.wall_s),
         "verdict": {**verdict.to_dict(), "headline": verdict.headline()},
         "trials": {
             "started": len({r.trial for r in starts}),
@@ -305,13 +311,34 @@ def build_summary(run_dir: str | Path, records: list[Record] | None = None) -> d
     samples = read_telemetry(run_dir)
     if samples:
         interval = _header(records, run_dir / LEDGER_NAME).config.run.telemetry_interval_s
-        summary["telemetry"] = summarize_telemetry(samples, summary["score"]["total_ops"], interval)
+        summary["telemetry"] = summarize_telemetry(samples, interval)
         notes = shared_machine_notes(summary["telemetry"])
         if notes:  # additive: the rules' verdict stands; the notes say what it was measured beside
             verdict = summary["verdict"]
             verdict["notes"] = notes
             verdict["headline"] = f"{verdict['headline']}; {'; '.join(notes)}"
+    summary["energy"] = energy_section(summary, samples, records, run_dir / LEDGER_NAME)
     return summary
+
+
+def energy_section(
+    summary: dict[str, Any], samples: list[dict[str, Any]], records: list[Record], source: object
+) -> EnergySummary:
+    """The ``energy`` section: the run's OPS per watt with its sources and methodology level, or why there is none."""
+    if not samples:
+        return not_measured("no telemetry recorded")
+    start = _header(records, source)
+    nodes = start.plan.nodes
+    hosts = len({n.hostname for n in nodes}) if all(n.hostname for n in nodes) else len(nodes)
+    score = summary["score"]
+    return summarize_energy(
+        samples,
+        ops_per_s=score["ops_per_s"],
+        wall_s=score["wall_s"],
+        run_hosts=hosts,
+        interval_s=start.config.run.telemetry_interval_s,
+        run_start_wall=start.wall,
+    )
 
 
 def save_summary(run_dir: str | Path, summary: dict[str, Any]) -> Path:
@@ -344,6 +371,7 @@ def format_summary(summary: dict[str, Any], run_dir: str | Path) -> str:
         f" over {s['wall_s']:.1f} s",
         f"  regulated score      {s['regulated_human']}  = OPS x |ln(1 - {acc if acc is not None else 0:.4f})|",
         f"  AIPerf-compatible    {s['aiperf_regulated_human']}  (regulated, AIPerf's FLOP conventions)",
+        f"  steadiness           {format_steadiness(summary.get('steadiness'))}",
         f"  best val accuracy    {acc:.4f} (trial {best.get('trial')}, {best.get('params', 0):,} params)"
         if acc is not None
         else "  best val accuracy    - (no epoch completed)",
@@ -352,6 +380,7 @@ def format_summary(summary: dict[str, Any], run_dir: str | Path) -> str:
         f"{summary['trials']['epochs_counted']} epochs counted",
         f"  devices              {devices['concurrency']} concurrent trials on {devices['nodes']} node(s): {where};"
         f" backend {summary['backend']}, precision {', '.join(summary['precision']) or '-'}",
+        f"  efficiency           {format_efficiency(summary.get('efficiency'))}",
         f"  verdict              {v['headline']}",
     ]
     if summary["status"] == "failed":
@@ -372,8 +401,21 @@ def format_summary(summary: dict[str, Any], run_dir: str | Path) -> str:
     telemetry = summary.get("telemetry")
     if telemetry:
         lines.append(f"  telemetry            {format_telemetry(telemetry)}")
+    if summary.get("energy"):
+        lines.append(f"  energy               {format_energy(summary['energy'])}")
     lines.append(f"  results              {run_dir}")
     return "\n".join(lines)
+
+
+def format_steadiness(steady: dict[str, Any] | None) -> str:
+    """One line: the steady part's OPS, its spread across windows and the 95 % interval of its mean."""
+    if not steady:
+        return "- (too few epochs to tell)"
+    return (
+        f"{format_ops(steady['steady_ops_per_s'])} +/- {100 * steady['half_width']:.1f} % (95 %) after start-up;"
+        f" windows of {steady['window_s']:.0f} s vary {100 * steady['window_cv']:.1f} %"
+        f" ({format_ops(steady['window_min_ops_per_s'])} to {format_ops(steady['window_max_ops_per_s'])})"
+    )
 
 
 def format_workers(w: WorkersSummary) -> str:
@@ -420,18 +462,12 @@ def format_input(inp: InputSummary, bad: BadImagesSummary) -> list[str]:
 
 
 def format_telemetry(t: TelemetrySummary) -> str:
-    """One line: utilisation, energy and OPS per watt where they were measured."""
+    """One line: utilisation where it was measured (energy has its own line, :func:`format_energy`)."""
     parts = [f"{t['samples']} samples from {t['nodes']} node(s)"]
     if t.get("accelerator_util_mean_percent") is not None:
         parts.append(f"accelerators {t['accelerator_util_mean_percent']:.0f}% busy")
     if t.get("cpu_util_mean_percent") is not None:
         parts.append(f"CPU {t['cpu_util_mean_percent']:.0f}% busy")
-    energy, ops_per_watt = t.get("energy_j"), t.get("ops_per_watt")
-    if energy is not None:
-        mean_power = f" (mean {t['power_mean_w']:.0f} W)" if t.get("power_mean_w") else ""
-        parts.append(f"accelerator energy {format_ops(energy, 'J')}{mean_power}")
-    if ops_per_watt is not None:
-        parts.append(format_ops(ops_per_watt, "OPS/W"))
     if t.get("nodes_lost"):
         parts.append(f"{len(t['nodes_lost'])} node(s) stopped answering")
     return ", ".join(parts)

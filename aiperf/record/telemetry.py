@@ -13,11 +13,17 @@ Line format (one per node per sample)::
     {"wall": 1795415211.77, "node_wall": 1795415211.80, "node": "<ray node id>", "hostname": "gpu-07",
      "cpu_percent": 87.5, "host_mem_used_bytes": ..., "host_mem_total_bytes": ...,
      "accelerators": [{"index": 0, "name": "NVIDIA H100", "util_percent": 98.0,
-                       "mem_used_bytes": ..., "mem_total_bytes": ..., "power_w": 612.3}]}
+                       "mem_used_bytes": ..., "mem_total_bytes": ..., "power_w": 612.3,
+                       "energy_mj": 81234567}],
+     "rapl": [{"zone": "intel-rapl:0", "name": "package-0", "energy_uj": ..., "max_energy_range_uj": ...}],
+     "meter": {"source": "bmc-watts", "scope": "node", "reading": "watts", "covers": [...], "power_w": 702.0}}
 
 ``wall`` is the master's Unix time when it asked (the same for every node of a round, and on
 the same clock as the ledger's ``wall``); ``node_wall`` is the node's own clock when it
 answered. A node that failed to answer gets ``{"wall": ..., "node": ..., "error": "..."}`` once.
+Energy counters are written raw (``energy_mj``, ``rapl``; ``meter`` only where a site meter is
+configured) and turned into energy by :mod:`aiperf.record.energy`; older files without them
+still read.
 
 A shared machine. Each sample also carries ``cpus`` (the host's logical CPUs),
 ``cpu_busy_s`` (the host's busy CPU seconds since boot) and ``run_cpu_s`` (CPU seconds used,
@@ -45,9 +51,10 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TextIO, TypedDict, TypeGuard, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, NotRequired, Protocol, TextIO, TypedDict, TypeGuard, TypeVar
 
 from aiperf.errors import AiperfError, first_line
+from aiperf.record.energy import POWERCAP_ROOT, MeterSpec, PowercapZones, SiteMeter
 from aiperf.record.files import read_regular
 
 if TYPE_CHECKING:
@@ -91,6 +98,7 @@ class AcceleratorSample(TypedDict):
     mem_total_bytes: int | None
     power_w: float | None
     outside_util_percent: float | None
+    energy_mj: int | None  # NVML's energy counter since the driver loaded (Volta and later)
 
 
 class NodeSample(TypedDict):
@@ -105,6 +113,8 @@ class NodeSample(TypedDict):
     host_mem_used_bytes: int
     host_mem_total_bytes: int
     accelerators: list[AcceleratorSample]
+    rapl: list[dict[str, Any]]  # every powercap RAPL zone, raw (aiperf.record.energy.PowercapZones)
+    meter: NotRequired[dict[str, Any]]  # the site meter's reading, where one is configured for this node
 
 
 class CpuShares(TypedDict):
@@ -127,9 +137,6 @@ class TelemetrySummary(CpuShares):
     accelerators: int
     accelerator_util_mean_percent: float | None
     accelerator_mem_peak_bytes: int | None
-    power_mean_w: float | None
-    energy_j: float | None
-    ops_per_watt: float | None
     accelerator_outside_util_mean_percent: float | None
 
 
@@ -236,10 +243,13 @@ class NodeSampler:
     """Reads this node's counters; runs as a Ray actor on the node it describes.
 
     ``master`` (``{"pid", "started", "host"}``) identifies the run's master, so its CPU time
-    counts as the run's on the host it runs on.
+    counts as the run's on the host it runs on; ``meter`` is the site power meter this node
+    reads, if any.
     """
 
-    def __init__(self, master: MasterProcess | None = None) -> None:
+    def __init__(
+        self, master: MasterProcess | None = None, meter: MeterSpec | None = None, powercap: str = POWERCAP_ROOT
+    ) -> None:
         import socket
 
         import psutil
@@ -258,11 +268,13 @@ class NodeSampler:
         )
         self.run.update()
         self._gpu_seen: dict[int, int] = {}  # NVML timestamp of the last per-process sample read, per device
+        self._rapl = PowercapZones(powercap)
+        self._meter = SiteMeter(meter) if meter else None
 
     def sample(self) -> NodeSample:
         mem = self._psutil.virtual_memory()
         run_cpu_s = self.run.update()
-        return {
+        sample: NodeSample = {
             "wall": round(time.time(), 3),
             "hostname": self.hostname,
             "cpu_percent": float(self._psutil.cpu_percent(interval=None)),
@@ -272,7 +284,11 @@ class NodeSampler:
             "host_mem_used_bytes": int(mem.total - mem.available),
             "host_mem_total_bytes": int(mem.total),
             "accelerators": [self._accelerator(k, h) for k, h in enumerate(self._handles)],
+            "rapl": self._rapl.read(),
         }
+        if self._meter is not None:  # last: a slow meter delays nothing else of the sample
+            sample["meter"] = self._meter.read()
+        return sample
 
     def _accelerator(self, index: int, handle: c_nvmlDevice_t) -> AcceleratorSample:
         nvml = self._nvml
@@ -281,6 +297,8 @@ class NodeSampler:
         util = _nvml_value(nvml.nvmlDeviceGetUtilizationRates, handle)
         memory = _nvml_value(nvml.nvmlDeviceGetMemoryInfo, handle)
         milliwatts = _nvml_value(nvml.nvmlDeviceGetPowerUsage, handle)
+        energy_query = getattr(nvml, "nvmlDeviceGetTotalEnergyConsumption", None)  # older bindings lack it
+        millijoules = _nvml_value(energy_query, handle) if energy_query is not None else None
         return {
             "index": index,
             "name": name.decode() if isinstance(name, bytes) else name,
@@ -289,6 +307,7 @@ class NodeSampler:
             "mem_total_bytes": int(memory.total) if memory is not None else None,
             "power_w": milliwatts / 1000.0 if isinstance(milliwatts, (int, float)) else None,
             "outside_util_percent": self._outside_gpu_util(index, handle),
+            "energy_mj": int(millijoules) if isinstance(millijoules, int) and millijoules >= 0 else None,
         }
 
     def _outside_gpu_util(self, index: int, handle: c_nvmlDevice_t) -> float | None:
@@ -342,11 +361,12 @@ def _open_nvml() -> tuple[ModuleType | None, list[c_nvmlDevice_t]]:
 class TelemetryRecorder:
     """Samples every node of the run in the background and appends the samples to ``telemetry.jsonl``."""
 
-    def __init__(self, run_dir: str | Path, interval_s: float) -> None:
+    def __init__(self, run_dir: str | Path, interval_s: float, meter: MeterSpec | None = None) -> None:
         if not interval_s > 0:
             raise AiperfError(f"telemetry interval must be positive, got {interval_s}")
         self.path = Path(run_dir) / TELEMETRY_NAME
         self.interval_s = float(interval_s)
+        self.meter = meter
         self._actors: dict[str, Any] = {}  # node id -> its sampler's Ray actor handle
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -377,11 +397,31 @@ class TelemetryRecorder:
         me = psutil.Process()
         master: MasterProcess = {"pid": me.pid, "started": me.create_time(), "host": platform.node()}
         remote = ray.remote(num_cpus=0, max_restarts=0)(NodeSampler)
+        meters = self.meters_for(nodes)
         for node in nodes:
             strategy = NodeAffinitySchedulingStrategy(node.node_id, soft=False)
-            self._actors[node.node_id] = remote.options(scheduling_strategy=strategy).remote(master)
+            self._actors[node.node_id] = remote.options(scheduling_strategy=strategy).remote(
+                master, meters.get(node.node_id)
+            )
         self._thread = threading.Thread(target=self._loop, name="aiperf-telemetry", daemon=True)
         self._thread.start()
+
+    def meters_for(self, nodes: Sequence[_Node]) -> dict[str, MeterSpec]:
+        """Which nodes read the site meter: a system meter on the head node (else the first) only; a node
+        meter once per host (several Ray nodes of one host, a simulated cluster, would read the same meter)."""
+        if self.meter is None or not nodes:
+            return {}
+        if self.meter["scope"] == "system":
+            head = next((n for n in nodes if getattr(n, "is_head", False)), nodes[0])
+            return {head.node_id: self.meter}
+        out: dict[str, MeterSpec] = {}
+        hosts: set[str] = set()
+        for node in nodes:
+            host = getattr(node, "hostname", None) or node.node_id
+            if host not in hosts:
+                hosts.add(host)
+                out[node.node_id] = self.meter
+        return out
 
     def _loop(self) -> None:
         next_at = time.monotonic()
@@ -462,7 +502,9 @@ def _number(value: object, low: float = 0.0, high: float = 1e300) -> TypeGuard[f
 
 _SAMPLE_NUMBERS = ("node_wall", "cpu_percent", "cpus", "cpu_busy_s", "run_cpu_s")
 _SAMPLE_BYTES = ("host_mem_used_bytes", "host_mem_total_bytes")
-_DEVICE_NUMBERS = ("util_percent", "mem_used_bytes", "mem_total_bytes", "power_w", "outside_util_percent")
+_DEVICE_NUMBERS = ("util_percent", "mem_used_bytes", "mem_total_bytes", "power_w", "outside_util_percent", "energy_mj")
+_ZONE_NUMBERS = ("energy_uj", "max_energy_range_uj")
+_METER_NUMBERS = ("power_w", "energy_j")
 
 
 def _clean_sample(sample: object) -> dict[str, Any] | None:
@@ -488,6 +530,24 @@ def _clean_sample(sample: object) -> dict[str, Any] | None:
         for a in (devices if isinstance(devices, list) else [])
         if isinstance(a, dict) and (a.get("index") is None or _number(a.get("index"), 0, 2**31))
     ]
+    if "rapl" in out:  # absent in files written before RAPL was read: "not recorded", not "none"
+        zones = out["rapl"]
+        out["rapl"] = [
+            {**z, **{k: z[k] if _number(z.get(k)) else None for k in _ZONE_NUMBERS if k in z}}
+            for z in (zones if isinstance(zones, list) else [])
+            if isinstance(z, dict) and isinstance(z.get("zone"), str)
+        ]
+    if "meter" in out:
+        meter = out["meter"]
+        if isinstance(meter, dict) and meter.get("scope") in ("node", "system"):
+            covers = meter.get("covers")
+            out["meter"] = {
+                **meter,
+                **{k: meter[k] if _number(meter.get(k)) else None for k in _METER_NUMBERS if k in meter},
+                "covers": [c for c in covers if isinstance(c, str)] if isinstance(covers, list) else [],
+            }
+        else:
+            del out["meter"]
     return out
 
 
@@ -520,36 +580,13 @@ def _mean(values: Iterable[float | None]) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
-def _energy_j(samples: list[dict[str, Any]]) -> float | None:
-    """Trapezoidal integral of each accelerator's power over its samples, summed over accelerators."""
-    series: dict[tuple[str, int], list[tuple[float, float]]] = {}
-    for s in samples:
-        for acc in s.get("accelerators") or []:
-            if isinstance(acc.get("power_w"), (int, float)):
-                series.setdefault((s["node"], acc.get("index", 0)), []).append((s["wall"], acc["power_w"]))
-    if not series:
-        return None
-    total = 0.0
-    for points in series.values():
-        points.sort()
-        total += sum((t1 - t0) * (p0 + p1) / 2 for (t0, p0), (t1, p1) in itertools.pairwise(points))
-    return total
+def summarize_telemetry(samples: list[dict[str, Any]], interval_s: float | None = None) -> TelemetrySummary:
+    """Mean utilisation, peak memory and CPU shares of a run's samples.
 
-
-def summarize_telemetry(
-    samples: list[dict[str, Any]], total_ops: float, interval_s: float | None = None
-) -> TelemetrySummary:
-    """Mean utilisation, peak memory, mean power, energy and OPS per watt of a run's samples.
-
-    ``power_mean_w`` is the mean total accelerator power (energy over the sampled span).
-    Energy is accelerator power integrated over the sampled span (board power as NVML reports
-    it; host power is not measured). OPS per watt is the run's counted operations divided by
-    that energy (operations per joule), so idle time before the first and after the last
-    counted epoch costs efficiency, as it costs energy.
+    Energy and OPS per watt are the summary's ``energy`` section (:func:`aiperf.record.energy.summarize_energy`).
     """
     good = [s for s in samples if "error" not in s]
     accelerators = [a for s in good for a in s.get("accelerators") or []]
-    energy = _energy_j(good)
     shares = cpu_shares(good)
     walls = [s["wall"] for s in good]
     span = (max(walls) - min(walls)) if walls else 0.0
@@ -564,9 +601,6 @@ def summarize_telemetry(
         "accelerators": len({(s["node"], a.get("index")) for s in good for a in s.get("accelerators") or []}),
         "accelerator_util_mean_percent": _mean(a.get("util_percent") for a in accelerators),
         "accelerator_mem_peak_bytes": max((a.get("mem_used_bytes") or 0 for a in accelerators), default=None),
-        "power_mean_w": (energy / span) if energy is not None and span > 0 else None,
-        "energy_j": energy,
-        "ops_per_watt": (total_ops / energy) if energy else None,
         **shares,
         "accelerator_outside_util_mean_percent": _mean(a.get("outside_util_percent") for a in accelerators),
     }

@@ -28,6 +28,10 @@ def test_worker_settings_come_from_the_config_once_and_the_slot_per_worker():
     assert (fraction.threads, fraction.data_parallel) == (1, 1)
     assert gpu_node.momentum == base.momentum and base.threads == 1, "the run-wide part is shared, not changed"
     assert pickle.loads(pickle.dumps(gpu_node)) == gpu_node  # crosses to the Ray actor
+    assert (
+        base.ceiling_s == "auto"
+        and WorkerSettings.from_config(load_config("smoke", ["cluster.ceiling_s=0"])).ceiling_s == 0
+    )
 
 
 @pytest.mark.slow  # imports Keras and trains two small models (~30 s)
@@ -56,3 +60,6 @@ def test_a_worker_streams_typed_messages_and_measures_its_idle_time(monkeypatch)
     assert trials[1][2].idle_before_s is None, "only an attempt's first epoch carries the gap"
     assert [t[3].worker_stats["trials"] for t in trials] == [1, 2]
     assert worker.gaps == [trials[1][1].idle_before_s]
+    ceiling = worker.info()["ceiling"]  # measured at start, at the worker's precision, inside init_s
+    assert ceiling["flops_per_s"] > 0 and ceiling["dtype"] == "float32" and ceiling["error"] is None
+    assert ceiling["seconds"] <= worker.init_s and ceiling["devices"] == 1

@@ -5,11 +5,9 @@ from __future__ import annotations
 import base64
 import json
 import re
-import shutil
-import subprocess
 
 import pytest
-from helpers import simulated_run
+from helpers import page_health, render_in_chromium, simulated_run
 from PIL import Image
 
 from aiperf.cli import main
@@ -18,9 +16,6 @@ from aiperf.record.ledger import read_ledger
 from aiperf.record.report import REPORT_NAME, write_report
 from aiperf.record.telemetry import TELEMETRY_NAME
 
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--enable-logging=stderr", "--v=0"]  # fmt: skip
 IMG = re.compile(r'<img alt="([^"]*)" src="data:image/png;base64,([A-Za-z0-9+/=]+)">')
 
 
@@ -114,34 +109,6 @@ def test_a_directory_that_is_not_a_run_is_a_one_line_error(tmp_path):
 # --- rendering in a real browser ---------------------------------------------------------------
 
 
-def _chromium() -> str:
-    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
-        path = shutil.which(name)
-        if path:
-            return path
-    pytest.skip("no Chromium on PATH (Debian: apt-get install chromium); the report was not rendered")
-
-
-def _render(html_path, tmp_path, *mode):
-    """Run headless Chromium on a page: (stdout, console messages logged as errors or uncaught exceptions)."""
-    profile = tmp_path / f"profile-{len(list(tmp_path.iterdir()))}"
-    proc = subprocess.run([_chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *mode, html_path.as_uri()],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
-    console = [line for line in proc.stderr.splitlines() if ":CONSOLE" in line]
-    errors = [line for line in console if "Uncaught" in line or "Error" in line]
-    return proc, errors
-
-
-def _page_health(html_path, tmp_path):
-    """What the page's own script recorded: (ready, images shown / total, errors caught on the page)."""
-    proc, console_errors = _render(html_path, tmp_path, "--dump-dom")
-    dom = proc.stdout
-    ready = 'data-ready="1"' in dom
-    images = re.search(r'data-images="(\d+)/(\d+)"', dom)
-    caught = re.search(r'data-errors="([^"]*)"', dom)
-    return ready, images.groups() if images else None, (caught.group(1) if caught else None), console_errors
-
-
 def test_the_error_detector_sees_a_broken_page(tmp_path):
     """The check below must be able to fail: a page whose script throws is reported as broken."""
     bad = tmp_path / "bad.html"
@@ -149,7 +116,7 @@ def test_the_error_detector_sees_a_broken_page(tmp_path):
             "{ document.documentElement.setAttribute('data-errors', String(e.message)); });</script></head>"
             "<body><p>x</p><script>undefinedFunction();</script></body></html>")  # fmt: skip
     bad.write_text(page)
-    ready, _, caught, console_errors = _page_health(bad, tmp_path)
+    ready, _, caught, console_errors = page_health(bad, tmp_path)
     assert not ready
     assert caught and "undefinedFunction" in caught
     assert any("undefinedFunction" in line for line in console_errors)
@@ -157,13 +124,13 @@ def test_the_error_detector_sees_a_broken_page(tmp_path):
 
 def test_chromium_renders_the_report_without_script_errors(report_run, tmp_path):
     html_path = report_run / REPORT_NAME
-    ready, images, caught, console_errors = _page_health(html_path, tmp_path)
+    ready, images, caught, console_errors = page_health(html_path, tmp_path)
     assert caught is None, f"the page caught script errors: {caught}"
     assert not console_errors, console_errors
     assert ready, "the page's script did not run to its end"
     assert images is not None and images[0] == images[1] == str(html_path.read_text().count("<img ")), images
     shot = tmp_path / "report.png"
-    proc, _ = _render(html_path, tmp_path, f"--screenshot={shot}", "--window-size=1280,2400")
+    proc, _ = render_in_chromium(html_path, tmp_path, f"--screenshot={shot}", "--window-size=1280,2400")
     assert shot.exists(), proc.stderr[-2000:]
     image = Image.open(shot).convert("RGB")
     assert image.size == (1280, 2400)

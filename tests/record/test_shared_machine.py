@@ -47,7 +47,7 @@ def test_a_small_share_outside_is_no_note_and_old_samples_are_no_figure():
     assert shared_machine_notes(quiet) == []
     old = [{k: v for k, v in s.items() if k not in ("cpu_busy_s", "run_cpu_s")} for s in (_sample(0, 0, 0),) * 2]
     assert cpu_shares(old) == {"cpu_run_percent": None, "cpu_outside_percent": None}
-    assert summarize_telemetry(old, 1.0)["cpu_outside_percent"] is None
+    assert summarize_telemetry(old)["cpu_outside_percent"] is None
 
 
 def test_nodes_sharing_a_host_count_it_once_and_a_resumed_sampler_continues_it():
@@ -148,7 +148,7 @@ def test_gpu_time_of_processes_outside_the_run_where_nvml_tells(monkeypatch):
     finally:
         os.kill(foreign, 9)
     assert outside == [0.0, 0.0, 30.0, None, None]
-    summary = summarize_telemetry([{"wall": 1.0, "node": "n", "accelerators": [{"outside_util_percent": 30.0}]}], 1)
+    summary = summarize_telemetry([{"wall": 1.0, "node": "n", "accelerators": [{"outside_util_percent": 30.0}]}])
     assert shared_machine_notes(summary) == ["shared machine: 30 % of GPU time outside the run"]
 
 

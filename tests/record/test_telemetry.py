@@ -1,4 +1,4 @@
-"""Telemetry: the NVML path against a fake pynvml, host counters, energy and OPS/W, the summary section."""
+"""Telemetry: the NVML path against a fake pynvml, host counters, energy from power samples, the summary section."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import types
 import pytest
 
 from aiperf.errors import AiperfError
+from aiperf.record.energy import summarize_energy
 from aiperf.record.ledger import LedgerWriter
 from aiperf.record.schema import Record
 from aiperf.record.summary import build_summary, format_summary
@@ -66,7 +67,7 @@ def test_nvml_devices_are_sampled_with_utilisation_memory_and_power(monkeypatch)
     first, second = sample["accelerators"]
     assert first == {"index": 0, "name": "NVIDIA H100 80GB HBM3", "util_percent": 97.0,
                      "mem_used_bytes": 60 * 2**30, "mem_total_bytes": 80 * 2**30, "power_w": 250.0,
-                     "outside_util_percent": 50.0}  # fmt: skip
+                     "outside_util_percent": 50.0, "energy_mj": None}  # fmt: skip
     assert second["util_percent"] == 12.0 and second["power_w"] is None  # power not supported: unknown, not 0
     assert second["outside_util_percent"] is None  # no per-process figures: unknown, not 0
     assert 0.0 <= sample["cpu_percent"] <= 100.0
@@ -92,22 +93,28 @@ def _sample(wall, node="n1", watts=(100.0, 200.0), util=(50.0, 70.0), cpu=40.0):
 
 def test_energy_is_power_integrated_over_time_and_gives_ops_per_watt():
     samples = [_sample(1000.0), _sample(1005.0), _sample(1010.0, watts=(300.0, 200.0))]
-    out = summarize_telemetry(samples, total_ops=1e12, interval_s=5.0)
+    out = summarize_energy(samples, ops_per_s=1e11, wall_s=10.0, interval_s=5.0)
     # device 0: 5 s at 100 W + 5 s ramping 100 -> 300 W = 500 + 1000 J; device 1: 10 s at 200 W = 2000 J
     assert out["energy_j"] == pytest.approx(3500.0)
-    assert out["power_mean_w"] == pytest.approx(350.0)
-    assert out["ops_per_watt"] == pytest.approx(1e12 / 3500.0)
-    assert out["accelerator_util_mean_percent"] == pytest.approx(60.0)
-    assert out["cpu_util_mean_percent"] == pytest.approx(40.0)
-    assert out["samples"] == 3 and out["nodes"] == 1 and out["accelerators"] == 2
-    assert out["span_s"] == pytest.approx(10.0)
+    assert out["power_w"] == pytest.approx(350.0)
+    assert out["ops_per_watt"] == pytest.approx(1e11 / 350.0)
+    tel = summarize_telemetry(samples, interval_s=5.0)
+    assert tel["accelerator_util_mean_percent"] == pytest.approx(60.0)
+    assert tel["cpu_util_mean_percent"] == pytest.approx(40.0)
+    assert tel["samples"] == 3 and tel["nodes"] == 1 and tel["accelerators"] == 2
+    assert tel["span_s"] == pytest.approx(10.0)
 
 
 def test_without_power_there_is_no_energy_and_no_ops_per_watt():
     samples = [_sample(0.0, watts=(None, None)), _sample(5.0, watts=(None, None)),
                {"wall": 6.0, "node": "n2", "error": "ActorDiedError: the node died"}]  # fmt: skip
-    out = summarize_telemetry(samples, total_ops=1e12)
-    assert out["energy_j"] is None and out["ops_per_watt"] is None and out["power_mean_w"] is None
+    energy = summarize_energy(samples, ops_per_s=1e12, wall_s=5.0)
+    assert energy["energy_j"] is None and energy["ops_per_watt"] is None and energy["power_w"] is None
+    assert (
+        energy["not_available"]["accelerators"]
+        == "NVML reports neither an energy counter nor power for the accelerators"
+    )
+    out = summarize_telemetry(samples)
     assert out["nodes_lost"] == ["n2"]
     assert out["samples"] == 2
 
@@ -128,11 +135,12 @@ def test_the_summary_gains_a_telemetry_section_only_when_samples_exist(tmp_path)
     (tmp_path / TELEMETRY_NAME).write_text("\n".join(lines))
     assert len(read_telemetry(tmp_path)) == 2
     summary = build_summary(tmp_path)
-    tel = summary["telemetry"]
-    assert tel["interval_s"] == 5.0 and tel["energy_j"] == pytest.approx(3000.0)
-    assert tel["ops_per_watt"] == pytest.approx(7e12 / 3000.0)
-    line = next(x for x in format_summary(summary, tmp_path).splitlines() if "telemetry" in x)
-    assert "accelerators 60% busy" in line and "3 kJ" in line and "2.33 GOPS/W" in line
+    tel, energy = summary["telemetry"], summary["energy"]
+    assert tel["interval_s"] == 5.0 and energy["energy_j"] == pytest.approx(3000.0)
+    assert energy["ops_per_watt"] == pytest.approx(summary["score"]["ops_per_s"] / 300.0)
+    lines = format_summary(summary, tmp_path).splitlines()
+    assert "accelerators 60% busy" in next(x for x in lines if "telemetry" in x)
+    assert "OPS/W, below level 1: accelerators only" in next(x for x in lines if x.startswith("  energy"))
 
 
 def test_a_non_positive_interval_is_refused(tmp_path):
