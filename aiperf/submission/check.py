@@ -1,0 +1,451 @@
+"""``aiperf check DIR``: every check a list maintainer needs before ranking a package, all findings at once.
+
+A finding rejects the package; a note does not. The checks, in order (docs/submission.md):
+
+1. the files: no symbolic link, FIFO or device, portable names, nesting, count and size within
+   the bounds (:mod:`.tree`), nothing outside the layout, nothing the layout needs missing;
+2. the manifest: every file listed with its SHA-256, none listed that is missing (:mod:`.manifest`);
+3. each system description: MLCommons' checker, the submitter's fields and allowed values, and
+   the measured fields derived again from its node kinds (:mod:`.system_check`);
+4. each run: ``aiperf verify`` (chain, bookkeeping, consistency, FLOPs, score, rules), its stored
+   audit of this very ledger, the audit done again here in a copy of the run (stored weights
+   re-evaluated with the audit's own sample and seed; ``--retrain K`` re-trains K trials), the
+   workload's rules (an invalid run, or one under custom rules, is a finding; a valid run that is
+   not official is a note: the list shows it as unofficial), its config against the entry's,
+   its ledger's system against the description, and its MLPerf log against MLCommons'
+   compliance checker and against the log its ledger gives;
+5. each entry: the runs' seeds and run ids distinct, and at least the workload's ``ranked_runs``.
+
+Input that is no package at all (not a folder, no or unreadable ``package.json``) raises
+:class:`~aiperf.errors.AiperfError` (exit 2); anything wrong inside a package is a finding (exit 1).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiperf.errors import AiperfError, excerpt, first_line
+from aiperf.submission import layout
+from aiperf.submission.layout import PackageEntry, PackageIndex, read_package_json
+from aiperf.submission.runs import RunFacts, StoredAudit
+
+MAX_CONFIG_BYTES = 64 * 1024  # as aiperf run reads a config file
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem: ``text`` is a one-liner naming the file or run and what is wrong; ``check`` which check found it."""
+
+    text: str
+    check: str = ""
+
+
+@dataclass
+class CheckResult:
+    """What ``aiperf check`` found; ``accepted`` when there are no findings (notes do not count)."""
+
+    findings: list[Finding] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    index: PackageIndex | None = None
+    runs: int = 0
+    reevaluated: int = 0
+    retrained: int = 0
+
+    @property
+    def accepted(self) -> bool:
+        return not self.findings
+
+    def add(self, check: str, text: str) -> None:
+        self.findings.append(Finding(one_line(text), check))
+
+    def format(self, package: Path) -> str:
+        """The verdict line, then one line per finding, then the notes."""
+        index = self.index
+        systems = len(index.system_names()) if index else 0
+        entries = len(index.entries) if index else 0
+        counts = f"{systems} system(s), {entries} entr{'y' if entries == 1 else 'ies'}, {self.runs} run(s)"
+        if self.accepted:
+            head = f"accepted: {package}: {counts}; {self.reevaluated} trial(s) re-evaluated from stored weights"
+            head += f", {self.retrained} re-trained" if self.retrained else ""
+        else:
+            head = f"rejected: {package}: {len(self.findings)} finding(s) ({counts})"
+        lines = [head, *(f"  {f.text}" for f in self.findings), *(f"  note: {n}" for n in self.notes)]
+        return "\n".join(lines)
+
+
+def check_package(path: Path, *, retrain: int = 0, sample: int | None = None) -> CheckResult:
+    """Check the package at ``path``; raises ``AiperfError`` (exit 2) when it cannot be read as a package at all.
+
+    ``retrain``: trials per run to re-train (``aiperf audit --retrain``); ``sample``: trials to
+    re-evaluate besides the best (default: as many as the stored audit did, with its seed).
+    """
+    path = Path(path)
+    try:
+        is_dir = path.is_dir()
+    except OSError as exc:
+        raise AiperfError(f"{path}: cannot read ({exc.strerror})") from None
+    if not is_dir:
+        what = "a .tar.gz: extract it first (tar xzf)" if path.name.endswith(".tar.gz") else "not a folder"
+        raise AiperfError(f"{path}: {what}; an aiperf package is a folder with a package.json")
+    result = CheckResult(index=read_package_json(path))
+    with tempfile.TemporaryDirectory(prefix="aiperf-check-") as work:
+        _Checker(path, result, Path(work), retrain, sample).run()
+    return result
+
+
+class _Checker:
+    def __init__(self, package: Path, result: CheckResult, work: Path, retrain: int, sample: int | None) -> None:
+        assert result.index is not None
+        self.package = package
+        self.index: PackageIndex = result.index
+        self.result = result
+        self.work = work
+        self.retrain = retrain
+        self.sample = sample
+        self.files: dict[str, int] = {}
+        self.unsafe: set[str] = set()
+        self.kinds: dict[str, list[dict[str, Any]]] = {}
+        self.mllog_config: Path | None = None
+        self.run_ids: dict[str, str] = {}
+
+    def add(self, check: str, text: str) -> None:
+        self.result.add(check, text)
+
+    def run(self) -> None:
+        from aiperf.submission.manifest import compare_manifest, read_manifest
+        from aiperf.submission.tree import walk
+
+        tree = walk(self.package)
+        for problem in tree.problems:
+            self.add("files", problem)
+        self.files = tree.files
+        self.unsafe = tree.unsafe
+        manifest = read_manifest(self.package)
+        for problem in manifest.problems:
+            self.add("manifest", problem)
+        if layout.MANIFEST in self.files:
+            for problem in compare_manifest(self.package, manifest, self.files):
+                self.add("manifest", problem)
+        self._layout()
+        for system in self.index.system_names():
+            self._system(system)
+        if not self.index.entries:
+            self.add("layout", f"{layout.PACKAGE_JSON}: no entries: the package holds no run")
+        for entry in self.index.entries:
+            self._entry(entry)
+
+    # --- the layout ---------------------------------------------------------------------------
+
+    def _expected(self) -> tuple[set[str], set[str]]:
+        """(files the layout requires, run folders whose weights/ may hold weights files)."""
+        required = {layout.PACKAGE_JSON, layout.MANIFEST}
+        runs = set()
+        for entry in self.index.entries:
+            required.add(layout.system_file(entry.system))
+            required.add(entry.config)
+            for run in entry.runs:
+                runs.add(run)
+                required.update(f"{run}/{name}" for name in layout.REQUIRED_RUN_FILES)
+        return required, runs
+
+    def _layout(self) -> None:
+        seen: set[tuple[str, str]] = set()
+        total = 0
+        for k, entry in enumerate(self.index.entries):
+            where = f"{layout.PACKAGE_JSON} entry {k + 1}"
+            total += len(entry.runs)
+            for what, name in (("system", entry.system), ("workload", entry.workload)):
+                if not layout.is_portable(name):
+                    self.add("layout", f"{where}: {what} {excerpt(name)} is not a portable name")
+            if (entry.system, entry.workload) in seen:
+                self.add("layout", f"{where}: a second entry for {entry.system} / {entry.workload}")
+            seen.add((entry.system, entry.workload))
+            if entry.config != layout.config_file(entry.system, entry.workload):
+                expected = layout.config_file(entry.system, entry.workload)
+                self.add("layout", f"{where}: config {excerpt(entry.config)} is not {expected}")
+            wanted = [layout.run_dir(entry.system, entry.workload, i) for i in range(1, len(entry.runs) + 1)]
+            if entry.runs != wanted:
+                self.add("layout", f"{where}: runs {excerpt(', '.join(entry.runs), 120)} are not {', '.join(wanted)}")
+            if not entry.runs:
+                self.add("layout", f"{where}: no runs")
+        if total > layout.MAX_RUNS:
+            self.add("layout", f"{layout.PACKAGE_JSON}: {total} runs, over the limit of {layout.MAX_RUNS}")
+        required, runs = self._expected()
+        optional = {f"{run}/{name}" for run in runs for name in layout.OPTIONAL_RUN_FILES}
+        for name in sorted(required - set(self.files)):
+            if layout.inside(self.package, name) is not None and name != layout.MANIFEST:
+                self.add("layout", f"{name}: missing from the package")
+        for name in sorted(set(self.files) - required - optional):
+            folder, _, file = name.rpartition("/")
+            weights = folder.endswith(f"/{layout.WEIGHTS_DIR}") and folder.rpartition("/")[0] in runs
+            if not (weights and file.endswith(".npz")):
+                self.add("layout", f"{name}: not part of the package layout (docs/submission.md)")
+
+    def _read(self, name: str, limit: int) -> bytes | None:
+        """A file of the package the walk found regular, or None (its absence is already a finding)."""
+        path = layout.inside(self.package, name)
+        if path is None or name not in self.files:
+            return None
+        try:
+            return layout.read_bounded(path, limit)
+        except OSError as exc:
+            self.add("files", f"{name}: cannot be read ({exc.strerror or exc})")
+            return None
+
+    # --- systems ------------------------------------------------------------------------------
+
+    def _system(self, system: str) -> None:
+        from aiperf.submission.system_check import description_problems, node_kinds
+
+        name = layout.system_file(system)
+        raw = self._read(name, layout.MAX_DESCRIPTION_BYTES)
+        if raw is None:
+            return
+        try:
+            data = json.loads(raw)
+        except (ValueError, RecursionError):
+            self.add("system", f"{name}: not valid JSON")
+            return
+        for problem in description_problems(self.package / name, data, system):
+            self.add("system", f"{name}: {problem}")
+        if isinstance(data, dict):
+            self.kinds[system] = node_kinds(data)[0]
+
+    # --- entries ------------------------------------------------------------------------------
+
+    def _entry(self, entry: PackageEntry) -> None:
+        from aiperf.metrics.workloads import WORKLOADS
+
+        config = self._config(entry)
+        facts: list[tuple[str, RunFacts]] = []
+        for run in entry.runs:
+            path = layout.inside(self.package, run)
+            if path is None or not any(name.startswith(f"{run}/") for name in self.files):
+                if path is None:
+                    self.add("layout", f"{layout.PACKAGE_JSON}: run {excerpt(run)} is not a path inside the package")
+                continue
+            self.result.runs += 1
+            got = self._run(entry, run, path, config)
+            if got is not None:
+                facts.append((run, got))
+        seeds: dict[object, str] = {}
+        for run, fact in facts:
+            if fact.seed in seeds:
+                self.add(
+                    "seeds", f"{run}: seed {fact.seed} is also {seeds[fact.seed]}'s: repeated runs need distinct seeds"
+                )
+            else:
+                seeds[fact.seed] = run
+            if fact.run_id in self.run_ids:
+                self.add(
+                    "seeds", f"{run}: run {fact.run_id} is also {self.run_ids[fact.run_id]}: one run packaged twice"
+                )
+            else:
+                self.run_ids[fact.run_id] = run
+        workload = WORKLOADS.get(entry.workload)
+        if workload is not None and len(entry.runs) < workload.ranked_runs:
+            self.add(
+                "runs",
+                f"{layout.entry_dir(entry.system, entry.workload)}: {len(entry.runs)} run(s); a ranked entry of "
+                f"workload {entry.workload} needs {workload.ranked_runs} runs of its config (distinct seeds)",
+            )
+
+    def _config(self, entry: PackageEntry) -> dict[str, Any] | None:
+        from aiperf.config import parse_yaml
+
+        raw = self._read(entry.config, MAX_CONFIG_BYTES)
+        if raw is None:
+            return None
+        try:
+            data = parse_yaml(raw.decode("utf-8"))
+        except Exception as exc:  # YAML errors, refused anchors, bad UTF-8: all mean "not a config"
+            self.add("config", f"{entry.config}: not a readable config ({first_line(exc)})")
+            return None
+        if not isinstance(data, dict):
+            self.add("config", f"{entry.config}: not a mapping of config sections")
+            return None
+        return data
+
+    # --- runs ---------------------------------------------------------------------------------
+
+    def _run(self, entry: PackageEntry, run: str, path: Path, config: dict[str, Any] | None) -> RunFacts | None:
+        from aiperf.record.verify import verify_run
+        from aiperf.submission.runs import first_difference, read_run
+
+        if f"{run}/ledger.jsonl" not in self.files:
+            return None  # a layout finding already
+        if any(name.startswith(f"{run}/") for name in self.unsafe):
+            # verify and the audit open the run's files by name; a link among them could point anywhere
+            self.note(f"{run}: not verified or audited: it holds a link or special file (a finding above)")
+            return None
+        try:
+            verified, message = verify_run(path)
+        except AiperfError as exc:
+            self.add("verify", f"{run}: the ledger cannot be read ({exc})")
+            return None
+        if not verified:
+            for line in message.splitlines():
+                line = line.strip().removeprefix("verify failed: ").removeprefix("also: ")
+                if line and not line.startswith("note:"):
+                    self.add("verify", f"{run}: does not verify: {line}")
+        try:
+            facts = read_run(path)
+        except AiperfError:
+            return None  # a record of the wrong shape: verify has named it
+        if facts.workload != entry.workload:
+            self.add("config", f"{run}: a run of workload {facts.workload}, in the entry of {entry.workload}")
+        if config is not None:
+            difference = first_difference(config, facts.config)
+            if difference is not None:
+                self.add("config", f"{run}: its ledger's config differs from {entry.config} ({difference})")
+        kinds = self.kinds.get(entry.system)
+        if kinds:
+            from aiperf.submission.system_check import agreement_problems
+
+            for where, header in facts.systems():
+                for problem in agreement_problems(kinds, header, f"{run} ({where})", layout.system_file(entry.system)):
+                    self.add("system", problem)
+        self._mllog(run, path, facts)
+        if verified:
+            self._verdict(run, path)
+        audited = self._stored_audit(run, path, facts)
+        if verified and audited is not None:
+            self._audit_again(run, path, audited)
+        return facts
+
+    def _verdict(self, run: str, path: Path) -> None:
+        """The rules, read from the summary ``aiperf verify`` has just recomputed and compared."""
+        raw = self._read(f"{run}/summary.json", 16 * 2**20)
+        try:
+            verdict = json.loads(raw or b"")["verdict"]
+            headline = str(verdict.get("headline", ""))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            self.add("rules", f"{run}/summary.json: no verdict")
+            return
+        if verdict.get("valid") is not True:
+            self.add("rules", f"{run}: not valid: {headline}")
+        elif verdict.get("comparable") is not True:
+            self.add("rules", f"{run}: {headline}: a list ranks runs of a workload under its own rules only")
+        elif verdict.get("official") is not True:
+            self.note(f"{run}: not official: {headline}")
+
+    def note(self, text: str) -> None:
+        self.result.notes.append(one_line(text))
+
+    def _stored_audit(self, run: str, path: Path, facts: RunFacts) -> StoredAudit | None:
+        from aiperf.submission.runs import read_audit
+
+        if f"{run}/audit.json" not in self.files:
+            return None
+        try:
+            audit = read_audit(path)
+        except AiperfError as exc:
+            self.add("audit", f"{run}: {exc}")
+            return None
+        problem = audit.problem(facts)
+        if problem is not None:
+            self.add("audit", f"{run}: {problem}")
+            return None
+        return audit
+
+    def _audit_again(self, run: str, path: Path, audit: StoredAudit) -> None:
+        """``aiperf audit`` in a copy of the run (it writes audit.json beside the ledger), in a process of its own.
+
+        A process of its own: each run binds its own Keras backend, and a framework that fails
+        natively cannot take the checker down with it.
+        """
+        copy = self.work / "runs" / run.replace("/", "__")
+        copy.mkdir(parents=True)
+        for name in sorted(self.files):
+            if name.startswith(f"{run}/") and not name.endswith("/audit.json"):
+                target = copy / name[len(run) + 1 :]
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(path / name[len(run) + 1 :], target, follow_symlinks=False)
+        options = audit.options
+        sample = self.sample if self.sample is not None else options.get("sample", 4)
+        seed = options.get("seed", 0)
+        speed = options.get("speed_factor", 4.0)
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (sample, seed, speed)):
+            self.add("audit", f"{run}/audit.json: its options are not numbers")
+            return
+        command = [sys.executable, "-m", "aiperf.cli", "audit", str(copy), "--sample", str(int(sample))]
+        command += ["--seed", str(int(seed)), "--retrain", str(self.retrain), "--speed-factor", str(float(speed))]
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH")) if p
+        )
+        proc = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+        again: dict[str, Any] = {}
+        with contextlib.suppress(OSError, ValueError):
+            again = json.loads((copy / "audit.json").read_text())
+        for note in again.get("notes") or []:
+            self.note(f"{run}: audit: {note}")
+        if proc.returncode == 0:
+            trials = again.get("trials") or []
+            for check, attribute in (("reevaluate", "reevaluated"), ("retrain", "retrained")):
+                passed = sum(1 for t in trials if t.get("check") == check and t.get("status") == "pass")
+                setattr(self.result, attribute, getattr(self.result, attribute) + passed)
+            return
+        problems = again.get("problems") if proc.returncode == 1 else None
+        if isinstance(problems, list) and problems:
+            for problem in problems:
+                self.add("audit", f"{run}: audited again here: {problem}")
+        else:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()
+            reason = tail[-1] if tail else f"exit code {proc.returncode}"
+            self.add("audit", f"{run}: cannot be audited here: {reason.removeprefix('aiperf: error: ')}")
+
+    def _mllog(self, run: str, path: Path, facts: RunFacts) -> None:
+        """MLCommons' compliance checker on the log, and the log against the one its ledger gives."""
+        from aiperf.record.mllog import MLLOG_NAME, parse, render, write_checker_config
+        from aiperf.submission.mlcommons import compliance_problems
+
+        name = f"{run}/{MLLOG_NAME}"
+        if name not in self.files:
+            return
+        if self.mllog_config is None:
+            self.mllog_config = write_checker_config(self.work / "mllog-checker")
+        for problem in compliance_problems(path / MLLOG_NAME, self.mllog_config):
+            self.add("mllog", f"{name}: {problem}")
+        raw = self._read(name, layout.MAX_FILE_BYTES)
+        if raw is None:
+            return
+        try:
+            expected = [_comparable(parse(line)) for line in render(facts.records)]
+        except Exception as exc:  # a ledger that verify rejects may not render; that is verify's finding
+            self.note(f"{name}: not compared with its ledger ({first_line(exc)})")
+            return
+        actual = [_comparable(parse(line)) for line in raw.decode("utf-8", "replace").splitlines()]
+        for k, (got, want) in enumerate(zip(actual, expected, strict=False)):
+            if got != want:
+                key = excerpt((want or {}).get("key"))
+                self.add("mllog", f"{name}: line {k + 1} is not the line its ledger gives (expected key {key})")
+                return
+        if len(actual) != len(expected):
+            self.add("mllog", f"{name}: {len(actual)} lines; its ledger gives {len(expected)}")
+
+
+def one_line(text: str, limit: int = 600) -> str:
+    """A finding as one printable line: a package's strings may hold newlines or terminal escapes."""
+    text = " ".join(text.split())
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _comparable(line: dict[str, Any] | None) -> dict[str, Any] | None:
+    """An MLPerf log line without the logger's call site (``file``, ``lineno``: another aiperf version moves them)."""
+    if line is None:
+        return None
+    metadata = line.get("metadata")
+    if isinstance(metadata, dict):
+        line = {**line, "metadata": {k: v for k, v in metadata.items() if k not in ("file", "lineno")}}
+    return line

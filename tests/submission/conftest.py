@@ -1,0 +1,59 @@
+"""Fixtures for the submission tests: two real, audited smoke runs, this machine's system description, a package.
+
+Each is made once per session through the CLI, as a submitting centre would make it; tests must
+not modify them (copy a package into ``tmp_path`` before tampering with it).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from helpers import REPO, aiperf_cmd, cli_env, run_cli
+from submission_fixtures import AUDIT_SAMPLE, SITE, SMOKE_RUN_BOUNDS
+
+
+def _check(proc: subprocess.CompletedProcess, what: str) -> None:
+    assert proc.returncode == 0, f"{what}: {proc.stdout[-3000:]}{proc.stderr[-3000:]}"
+
+
+@pytest.fixture(scope="session")
+def two_smoke_runs(tmp_path_factory) -> list[Path]:
+    """Two complete smoke runs (seeds 0 and 1, bounded as ``smoke_run``), each audited (``aiperf audit --sample 2``)."""
+    results = tmp_path_factory.mktemp("submission-runs")
+    runs = []
+    for seed in (0, 1):
+        proc = subprocess.run(
+            aiperf_cmd(
+                "run", "--config", "smoke", "--set", f"run.results_dir={results}", "--set", f"run.seed={seed}",
+                *SMOKE_RUN_BOUNDS,
+            ),
+            capture_output=True, text=True, env=cli_env(), timeout=600, cwd=REPO,
+        )  # fmt: skip
+        _check(proc, f"aiperf run (seed {seed})")
+        (run,) = [p for p in results.iterdir() if p.is_dir() and p not in runs]
+        _check(run_cli("audit", str(run), "--sample", AUDIT_SAMPLE, timeout=600), f"aiperf audit {run}")
+        runs.append(run)
+    return runs
+
+
+@pytest.fixture(scope="session")
+def system_json(tmp_path_factory) -> Path:
+    """``aiperf system --config smoke --site site.yaml -o system.json`` on this machine (Ray, ~10 s)."""
+    folder = tmp_path_factory.mktemp("system")
+    site = folder / "site.yaml"
+    site.write_text(json.dumps(SITE))  # JSON is YAML
+    out = folder / "system.json"
+    _check(run_cli("system", "--config", "smoke", "--site", str(site), "-o", str(out), timeout=300), "aiperf system")
+    return out
+
+
+@pytest.fixture(scope="session")
+def package_dir(tmp_path_factory, two_smoke_runs, system_json) -> Path:
+    """``aiperf package RUN1 RUN2 --system system.json -o DIR`` (and ``DIR.tar.gz`` beside it)."""
+    out = tmp_path_factory.mktemp("package") / "example-smoke"
+    proc = run_cli("package", *map(str, two_smoke_runs), "--system", str(system_json), "-o", str(out), timeout=300)
+    _check(proc, "aiperf package")
+    return out
