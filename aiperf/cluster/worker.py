@@ -127,7 +127,8 @@ class TrialWorker:
         try:
             import ray
 
-            node_id = ray.get_runtime_context().get_node_id()
+            if ray.is_initialized():  # asking outside Ray would start a Ray instance in this process
+                node_id = ray.get_runtime_context().get_node_id()
         except Exception as exc:  # outside Ray (tests, benchmarks): no node id to report
             logger.debug("no Ray node id: %s", exc)
         return {

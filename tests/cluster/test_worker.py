@@ -5,6 +5,7 @@ from __future__ import annotations
 import pickle
 
 import pytest
+import ray
 
 from aiperf.cluster.messages import EpochReport, TrialDone, TrialStarted
 from aiperf.cluster.plan import Slot
@@ -60,6 +61,8 @@ def test_a_worker_streams_typed_messages_and_measures_its_idle_time(monkeypatch)
     assert trials[1][2].idle_before_s is None, "only an attempt's first epoch carries the gap"
     assert [t[3].worker_stats["trials"] for t in trials] == [1, 2]
     assert worker.gaps == [trials[1][1].idle_before_s]
-    ceiling = worker.info()["ceiling"]  # measured at start, at the worker's precision, inside init_s
+    info = worker.info()
+    assert info["node"] == "" and not ray.is_initialized(), "asking outside Ray must not start Ray here"
+    ceiling = info["ceiling"]  # measured at start, at the worker's precision, inside init_s
     assert ceiling["flops_per_s"] > 0 and ceiling["dtype"] == "float32" and ceiling["error"] is None
     assert ceiling["seconds"] <= worker.init_s and ceiling["devices"] == 1
