@@ -94,6 +94,7 @@ def worker_breakdown(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]
 def analyse(records: list[dict[str, Any]]) -> dict[str, Any]:
     """The run-level figures: busy fractions, idle gaps and per-trial start-up, from the ledger alone."""
     from aiperf.metrics.score import compute_score
+    from aiperf.record.schema import parse_records
 
     workers = worker_breakdown(records)
     alive = sum(w["alive_s"] for w in workers.values())
@@ -103,7 +104,7 @@ def analyse(records: list[dict[str, Any]]) -> dict[str, Any]:
     run_wall = stop[-1]["t"] if stop else records[-1]["t"]
     ends = [r for r in records if r["type"] == "trial_end" and r.get("status") == "completed"]
     epochs = [r for r in records if r["type"] == "epoch"]
-    score = compute_score(records)
+    score = compute_score(parse_records(records))
     return {
         "workers": workers,
         "busy_fraction": steps / alive if alive else None,
