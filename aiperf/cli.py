@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from aiperf import cli_limits as limits
 from aiperf.errors import AiperfError, excerpt, first_line
 from nas.errors import NasError
 
@@ -102,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", metavar="RUN_DIR", help="continue a run whose master stopped, from its ledger")
     run.add_argument(
         "--repeat",
-        type=int,
+        type=limits.REPEAT,
         metavar="N",
         help="N runs with seeds run.seed, run.seed+1, ...; prints the median, CV, min and max of their scores",
     )
@@ -120,7 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     flops = sub.add_parser("flops", help="per-layer FLOPs of an architecture JSON or a saved Keras model")
     flops.add_argument("file")
     flops.add_argument("--json", action="store_true", help="machine-readable output")
-    flops.add_argument("--batch-size", type=int, default=128, help="batch size for the amortised optimizer update")
+    flops.add_argument(
+        "--batch-size", type=limits.BATCH_SIZE, default=128, help="batch size for the amortised optimizer update"
+    )
 
     summary = sub.add_parser("summary", help="recompute and print a run's summary from its ledger")
     summary.add_argument("run_dir")
@@ -132,12 +135,16 @@ def build_parser() -> argparse.ArgumentParser:
         "audit", help="check a run by re-execution: weight hashes, re-evaluated and (--retrain) re-trained trials"
     )
     audit.add_argument("run_dir")
-    audit.add_argument("--sample", type=int, default=4, help="completed trials to re-evaluate besides the best (4)")
-    audit.add_argument("--retrain", type=int, default=0, metavar="K", help="also re-train K sampled trials (0)")
-    audit.add_argument("--seed", type=int, default=0, help="seed of the samples (0)")
+    audit.add_argument(
+        "--sample", type=limits.AUDIT_SAMPLE, default=4, help="completed trials to re-evaluate besides the best (4)"
+    )
+    audit.add_argument(
+        "--retrain", type=limits.AUDIT_RETRAIN, default=0, metavar="K", help="also re-train K sampled trials (0)"
+    )
+    audit.add_argument("--seed", type=limits.AUDIT_SEED, default=0, help="seed of the samples (0)")
     audit.add_argument(
         "--speed-factor",
-        type=float,
+        type=limits.SPEED_FACTOR,
         default=4.0,
         help="--retrain fails when recorded epochs are more than this many times faster than this machine's (4)",
     )
@@ -155,9 +162,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser("check", help="check a submission package (exit 0 accepted, 1 findings, 2 unreadable)")
     check.add_argument("package_dir", metavar="DIR")
-    check.add_argument("--retrain", type=int, default=0, metavar="K", help="also re-train K trials per run (0)")
     check.add_argument(
-        "--sample", type=int, default=None, help="trials to re-evaluate besides the best (default: as the stored audit)"
+        "--retrain", type=limits.AUDIT_RETRAIN, default=0, metavar="K", help="also re-train K trials per run (0)"
+    )
+    check.add_argument(
+        "--sample",
+        type=limits.AUDIT_SAMPLE,
+        default=None,
+        help="trials to re-evaluate besides the best (default: as the stored audit)",
     )
 
     listing = sub.add_parser("list", help="rank submission packages: a table, and --csv/--md/--html files")
@@ -172,24 +184,29 @@ def build_parser() -> argparse.ArgumentParser:
         help="write an ImageNet-layout folder of random JPEGs (train/<class>/, val/<class>/) for tests and benchmarks",
     )
     make.add_argument("output", help="folder to create (must not exist, or be empty)")
-    make.add_argument("--classes", type=int, default=10)
-    make.add_argument("--train-per-class", type=int, default=50)
-    make.add_argument("--val-per-class", type=int, default=10)
-    make.add_argument("--min-side", type=int, default=None, help="smallest image side (64, or --max-side if less)")
-    make.add_argument("--max-side", type=int, default=1024, help="largest image side in pixels")
-    make.add_argument("--mean-kb", type=float, default=110.0, help="mean JPEG size at ImageNet's image sizes")
+    make.add_argument("--classes", type=limits.CLASSES, default=10)
+    make.add_argument("--train-per-class", type=limits.TRAIN_PER_CLASS, default=50)
+    make.add_argument("--val-per-class", type=limits.VAL_PER_CLASS, default=10)
+    make.add_argument(
+        "--min-side", type=limits.MIN_SIDE, default=None, help="smallest image side (64, or --max-side if less)"
+    )
+    make.add_argument("--max-side", type=limits.MAX_SIDE, default=1024, help="largest image side in pixels")
+    make.add_argument("--mean-kb", type=limits.MEAN_KB, default=110.0, help="mean JPEG size at ImageNet's image sizes")
     make.add_argument("--no-quirks", action="store_true", help="leave out CMYK, grayscale, PNG-as-JPEG, tiny, large")
-    make.add_argument("--bad", type=int, default=0, help="also write this many undecodable files")
+    make.add_argument("--bad", type=limits.BAD, default=0, help="also write this many undecodable files")
     make.add_argument("--to-tfrecord", action="store_true", help="also write TFRecord shards to OUTPUT/tfrecord")
-    make.add_argument("--train-shards", type=int, default=4)
-    make.add_argument("--val-shards", type=int, default=2)
-    make.add_argument("--seed", type=int, default=0)
+    make.add_argument("--train-shards", type=limits.TRAIN_SHARDS, default=4)
+    make.add_argument("--val-shards", type=limits.VAL_SHARDS, default=2)
+    make.add_argument("--seed", type=limits.MAKE_SEED, default=0)
 
     scaling = sub.add_parser("scaling", help="weak-scaling study over node counts")
-    scaling.add_argument("--nodes", required=True, help="comma-separated node counts, e.g. 1,2,4,8")
+    scaling.add_argument(
+        "--nodes", required=True, type=limits.node_counts, help="comma-separated node counts, e.g. 1,2,4,8"
+    )
     scaling.add_argument("--simulate", action="store_true", help="simulate nodes instead of running on them")
     _config_args(scaling)
     scaling.add_argument("--output", "-o", default=None, help="output directory")
+    limits.document(parser)  # every number's range in --help
     return parser
 
 
@@ -224,7 +241,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         cfg = load_config(args.config, args.overrides)
         _, summary = run_benchmark(cfg, address=args.address)
     if summary.get("status") == "failed":
-        print(f"aiperf: error: the run failed: {summary.get('stop_reason')}", file=sys.stderr)
+        _error(f"aiperf: error: the run failed: {summary.get('stop_reason')}")
         return 1
     return 130 if summary.get("status") == "interrupted" else 0
 
@@ -257,8 +274,6 @@ def _cmd_system(args: argparse.Namespace) -> int:
 def _cmd_flops(args: argparse.Namespace) -> int:
     from aiperf.metrics.flops_report import flops_report
 
-    if args.batch_size < 1:
-        raise AiperfError("--batch-size must be at least 1")
     graph = _load_graph(args.file)
     name = graph.name or Path(args.file).stem
     print(flops_report(graph, name, as_json=args.json, batch_size=args.batch_size), file=_stdout())
@@ -294,8 +309,10 @@ def _run_dir(path: str) -> Path:
 
 
 def _note(message: str) -> None:
+    from aiperf.record.inert import inert
+
     with contextlib.suppress(OSError, ValueError, AttributeError):
-        print(f"aiperf: note: {message}", file=sys.stderr, flush=True)
+        print(f"aiperf: note: {inert(message)}", file=sys.stderr, flush=True)
 
 
 def _cmd_summary(args: argparse.Namespace) -> int:
@@ -337,23 +354,18 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 def _cmd_audit(args: argparse.Namespace) -> int:
     """Exit 0 audited, 1 a trial (or the ledger) did not reproduce, 2 the run or its dataset could not be read."""
-    import math
-
     from aiperf.engine.audit import audit_run
 
-    if args.sample < 0 or args.retrain < 0:
-        raise AiperfError("--sample and --retrain take a count of trials, 0 or more")
-    if not math.isfinite(args.speed_factor) or args.speed_factor < 1:
-        raise AiperfError("--speed-factor must be a number of at least 1")
     result = audit_run(_run_dir(args.run_dir), args.sample, args.retrain, args.seed, args.speed_factor)
     print(result.message, file=_stdout())
     return 0 if result.ok else 1
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
+    from aiperf.record.inert import inert
     from aiperf.record.report import write_report
 
-    print(write_report(_run_dir(args.run_dir), args.output), file=_stdout())
+    print(inert(write_report(_run_dir(args.run_dir), args.output)), file=_stdout())  # the path names a folder
     return 0
 
 
@@ -368,8 +380,6 @@ def _cmd_check(args: argparse.Namespace) -> int:
     """Exit 0 accepted, 1 findings (one line each, all of them), 2 not a readable package."""
     from aiperf.submission.check import check_package
 
-    if args.retrain < 0 or (args.sample is not None and args.sample < 0):
-        raise AiperfError("--retrain and --sample take a count of trials, 0 or more")
     result = check_package(Path(args.package_dir), retrain=args.retrain, sample=args.sample)
     print(result.format(Path(args.package_dir)), file=_stdout())
     return 0 if result.accepted else 1
@@ -415,14 +425,8 @@ def _cmd_make_imagenet(args: argparse.Namespace) -> int:
 def _cmd_scaling(args: argparse.Namespace) -> int:
     from aiperf.engine.scaling import scaling_command
 
-    try:
-        counts = [int(x) for x in args.nodes.split(",") if x.strip()]
-    except ValueError:
-        raise AiperfError(f"--nodes {args.nodes!r}: expected comma-separated integers such as 1,2,4") from None
-    if not counts or min(counts) < 1:
-        raise AiperfError("--nodes: give at least one positive node count")
     text = scaling_command(
-        counts,
+        args.nodes,
         simulate=args.simulate,
         config=args.config,
         overrides=args.overrides,
@@ -477,15 +481,32 @@ MAX_MESSAGE_CHARS = 1000
 def _error(message: str) -> None:
     """One line on stderr, however much of the user's input a message quotes; a closed stderr
     loses the line, never changes the exit code."""
-    line = message.replace("\r", "\\r").replace("\n", "\\n")
+    from aiperf.record.inert import inert
+
+    line = inert(message)  # a quoted name's escape sequence, carriage return or bidi control shows as an escape
     if len(line) > MAX_MESSAGE_CHARS:
         line = line[: MAX_MESSAGE_CHARS - 3] + "..."
     with contextlib.suppress(OSError, ValueError, AttributeError):
         print(line, file=sys.stderr, flush=True)
 
 
+def _memory_context(args: argparse.Namespace | None) -> str:
+    """``while `aiperf verify` read results/run`` -- the command and the inputs it was given -- or nothing."""
+    if args is None or not getattr(args, "command", None):
+        return ""
+    given = [
+        f"{name} {_shown(value)}"
+        for name, value in sorted(vars(args).items())
+        if name not in ("command", "verbose")
+        and isinstance(value, (str, Path, int, float))
+        and not isinstance(value, bool)
+    ]
+    return f" while `aiperf {args.command}` worked on {', '.join(given[:6]) or 'its defaults'}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     _standard_streams()
+    args: argparse.Namespace | None = None
     try:
         args = build_parser().parse_args(argv)
         _configure_logging(args.verbose)
@@ -502,7 +523,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:
         return int(exc.code) if isinstance(exc.code, int) else 2
     except MemoryError:
-        _error("aiperf: error: out of memory (a dataset or config larger than this machine can hold?)")
+        _error(f"aiperf: error: out of memory{_memory_context(args)} (docs/limits.md lists each input's limit)")
         return 1
     except OSError as exc:
         # A file operation no code path anticipated: still one line naming the file.

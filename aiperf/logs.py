@@ -5,7 +5,9 @@ Every module logs through ``logging.getLogger(__name__)``. :func:`configure` giv
 (as they always have), and ``-v`` adds what the engine does at INFO (each trial's lifecycle:
 proposed, started on which worker, ended, re-queued; workers ready and lost), ``-vv`` at DEBUG.
 During a run the handler writes through the run's non-blocking stream
-(:func:`through`), so a terminal nobody reads cannot stall the master.
+(:func:`through`), so a terminal nobody reads cannot stall the master. A message is made inert
+(:func:`~aiperf.record.inert.inert`): a worker's host name or a file name it quotes cannot move
+the cursor, reorder the line or start a line of its own.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import logging
 import sys
 from collections.abc import Iterator
 from typing import Protocol
+
+from aiperf.record.inert import inert, inert_lines
 
 LOGGERS = ("aiperf", "nas")
 _DETAIL = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -36,9 +40,11 @@ class TerminalHandler(logging.Handler):
         self.stream: Stream | None = None
 
     def format(self, record: logging.LogRecord) -> str:
+        message = inert(record.getMessage())
         if record.levelno >= logging.WARNING:
-            return f"aiperf: {record.levelname.lower()}: {record.getMessage()}"
-        return _DETAIL.format(record)
+            return f"aiperf: {record.levelname.lower()}: {message}"
+        shown = logging.makeLogRecord({**record.__dict__, "msg": message, "args": None})
+        return inert_lines(_DETAIL.format(shown))  # a traceback keeps its lines
 
     def emit(self, record: logging.LogRecord) -> None:
         try:

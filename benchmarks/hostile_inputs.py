@@ -4,7 +4,12 @@
    (which expanded to gigabytes before it was refused), a 30,000-deep flow sequence just under
    the size cap, the same alias bomb given with ``--set``, and (for scale) the time to load the
    largest config accepted (64 KiB).
-2. Reading a ledger: a simulated run (the real master and search on a simulated pool, as
+2. Hostile input through the CLI (issue 23): each command run in a process of its own, its
+   exit status, wall time and peak resident memory (``os.wait4``): a ledger with a 1 GiB
+   sparse tail, a telemetry file with a 1 GiB line, ``scaling --nodes 10^20``,
+   ``make-imagenet --max-side 9000``, a ``.keras`` whose ``config.json`` unpacks to 256 MiB,
+   and a run id carrying terminal escapes and a fake "verified" line.
+3. Reading a ledger: a simulated run (the real master and search on a simulated pool, as
    ``aiperf scaling --simulate`` runs them) is read back as ``aiperf summary`` reads it, and
    the time per record is split into parsing (``json.loads``), the nesting-depth check, the
    record-shape check (``aiperf.record.schema.parse_records``: each record validated into its
@@ -109,6 +114,82 @@ def ledger_read(nodes: int, budget_s: float, repeats: int) -> dict[str, float]:
     }
 
 
+def _measured(args: list[str]) -> dict[str, object]:
+    """``aiperf ARGS`` in a child process: exit status, wall seconds, peak RSS (MiB), stderr's last line."""
+    import os
+    import subprocess
+    import sys
+
+    start = time.perf_counter()
+    child = subprocess.Popen(
+        [sys.executable, "-m", "aiperf.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    out, err = child.stdout.read(), child.stderr.read()  # small: one line each for a refusal
+    _, status, usage = os.wait4(child.pid, 0)
+    child.returncode = os.waitstatus_to_exitcode(status)
+    lines = (err or out).strip().splitlines()
+    return {
+        "exit": child.returncode,
+        "wall_s": time.perf_counter() - start,
+        "peak_rss_mib": usage.ru_maxrss / 1024,
+        "says": lines[-1][:200] if lines else "",
+    }
+
+
+def cli_cases() -> dict[str, dict[str, object]]:
+    """The issue-23 inputs, built in a temporary folder, each refused (or shown inert) by the CLI."""
+    import shutil
+    import zipfile
+
+    from aiperf.record.ledger import canonical, read_raw_ledger, record_hash
+
+    folder = Path(tempfile.mkdtemp(prefix="aiperf-hostile-cli-"))
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from helpers import simulated_run
+
+    run = simulated_run(folder / "run")
+    cases: dict[str, list[str]] = {}
+    tail = folder / "tail"
+    shutil.copytree(run, tail)
+    with open(tail / "ledger.jsonl", "r+b") as fh:
+        fh.seek(0, 2)
+        fh.write(b"{")
+        fh.truncate(fh.tell() + (1 << 30))
+    cases["ledger_1GiB_tail_verify"] = ["verify", str(tail)]
+    tele = folder / "telemetry"
+    shutil.copytree(run, tele)
+    with open(tele / "telemetry.jsonl", "wb") as fh:
+        fh.truncate(1 << 30)
+    cases["telemetry_1GiB_line_verify"] = ["verify", str(tele)]
+    cases["scaling_nodes_1e20"] = ["scaling", "--simulate", "--config", "smoke", "--nodes", "1" + "0" * 20,
+                                   "-o", str(folder / "scaling")]  # fmt: skip
+    cases["make_imagenet_max_side_9000"] = ["make-imagenet", str(folder / "tree"), "--max-side", "9000"]
+    bomb = folder / "bomb.keras"
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("metadata.json", "{}")
+        with z.open("config.json", "w") as member:
+            zeros = b" " * (1 << 20)
+            for _ in range(256):
+                member.write(zeros)
+    cases["keras_config_256MiB_flops"] = ["flops", str(bomb)]
+    escaped = folder / "escaped"
+    shutil.copytree(run, escaped)
+    raw = read_raw_ledger(escaped)
+    raw[0]["run_id"] = "x\x1b[2K\rFAKE LINE: verified"
+    prev = ""
+    for record in raw:
+        record["prev"] = prev
+        record["hash"] = prev = record_hash(record)
+    (escaped / "ledger.jsonl").write_bytes(b"".join(canonical(r) + b"\n" for r in raw))
+    cases["run_id_escapes_summary"] = ["summary", str(escaped)]
+    try:
+        return {name: _measured(args) for name, args in cases.items()}
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=64, help="simulated nodes (8 workers each)")
@@ -121,6 +202,12 @@ def main() -> None:
     refused = refusals(args.repeats)
     for name, seconds in refused.items():
         print(f"  {'load' if name.startswith('largest') else 'refuse'} {name[:-2]:<26} {1e3 * seconds:8.2f} ms")
+    hostile = cli_cases()
+    for name, got in hostile.items():
+        print(
+            f"  cli {name:<30} exit {got['exit']}  {got['wall_s']:6.2f} s  {got['peak_rss_mib']:7.1f} MiB  "
+            f"{got['says']!r:.110}"
+        )
     read = ledger_read(args.nodes, args.budget, args.repeats)
     print(
         f"  ledger: {read['records']:,} records ({read['ledger_bytes'] / 2**20:.1f} MiB): parse "
@@ -129,7 +216,7 @@ def main() -> None:
         f"summary {read['build_summary_s']:.2f} s; checks = {100 * read['checks_share_of_read_and_summary']:.0f} % "
         "of read + summary"
     )
-    write_json(args.json, {"machine": facts, "refusals_s": refused, "ledger": read, "args": vars(args)})
+    write_json(args.json, {"machine": facts, "refusals_s": refused, "cli": hostile, "ledger": read, "args": vars(args)})
 
 
 if __name__ == "__main__":

@@ -24,11 +24,66 @@ def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run(aiperf_cmd(*args), capture_output=True, text=True, env=cli_env(), timeout=timeout, cwd=REPO)
 
 
+BOUNDED_MEMORY = 3 << 30  # address space for one hostile-input CLI call: TensorFlow imports in under 2 GiB
+
+
+def run_cli_bounded(*args: str, memory: int = BOUNDED_MEMORY, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``aiperf ARGS`` under an address-space limit (``RLIMIT_AS``), so a regression on hostile input fails
+    the test (a MemoryError, a killed process) instead of taking the machine's memory."""
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+
+    return subprocess.run(
+        aiperf_cmd(*args), capture_output=True, text=True, env=cli_env(), timeout=timeout, cwd=REPO, preexec_fn=limit
+    )
+
+
 def cli_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     return env
+
+
+def two_trial_smoke_run(results: Path, *overrides: str) -> Path:
+    """A real smoke run of exactly 2 trials with stored weights (~25 s on 2 idle cores): what an audit needs.
+
+    Not conftest's time-boxed ``smoke_run``: on a loaded machine 30 s may complete no trial.
+    """
+    settings = [f"run.results_dir={results}", "run.max_trials=2", "run.time_budget_s=600", *overrides]
+    proc = subprocess.run(
+        aiperf_cmd("run", "--config", "smoke", *[a for o in settings for a in ("--set", o)]),
+        capture_output=True, text=True, env=cli_env(), timeout=900, cwd=REPO,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (run,) = [p for p in results.iterdir() if p.is_dir()]
+    return run
+
+
+def ledger_records(run: Path) -> list[dict]:
+    """A run's ledger as JSON objects, read plainly (a test's view, not the readers under test)."""
+    import json
+
+    return [json.loads(line) for line in (run / "ledger.jsonl").read_text().splitlines() if line.strip()]
+
+
+def rechain(run: Path, records: list[dict]) -> None:
+    """Write ``records`` as a fresh, internally consistent ledger and summary: what a careful forger does."""
+    from aiperf.record.ledger import canonical, record_hash
+    from aiperf.record.summary import build_summary, save_summary
+    from aiperf.record.verify import verify_run
+
+    prev = ""
+    for seq, rec in enumerate(records):
+        rec.pop("hash", None)
+        rec.update(seq=seq, prev=prev)
+        rec["hash"] = prev = record_hash(rec)
+    (run / "ledger.jsonl").write_bytes(b"".join(canonical(r) + b"\n" for r in records))
+    save_summary(run, build_summary(run))
+    ok, message = verify_run(run)
+    assert ok, message  # the forgery gets past every check that reads only the ledger
 
 
 SIM_DATASET = {

@@ -235,6 +235,13 @@ def test_a_disk_that_fills_during_a_real_run_loses_nothing_and_resumes(disk):
     after = read_raw_ledger(run_dir)
     assert after[: len(records)] == records and _chain_ok(after)
     assert _cli("verify", str(run_dir)).returncode == 0
+    # The score divides by the run's recorded end, the time the disk was full included.
+    from aiperf.metrics.score import compute_score
+    from aiperf.record.schema import parse_records
+
+    assert after[-1]["type"] == "run_stop"
+    assert compute_score(parse_records(after, run_dir)).wall_s == after[-1]["t"]
+    assert after[-1]["t"] >= after[-1]["wall"] - after[0]["wall"] - 1.0  # the downtime is run time
 
 
 def test_a_summary_that_cannot_be_written_is_an_aiperf_error(tmp_path, sim_run):

@@ -13,7 +13,7 @@ the master maps each kind to one handler and refuses any other.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
@@ -30,7 +30,8 @@ class EventKind(enum.StrEnum):
     BAD_IMAGES = "bad_images"  # a trial found images that cannot be decoded
     DONE = "done"  # a trial completed
     FAILED = "failed"  # a trial raised, or was lost with its worker
-    LOST = "lost"  # the worker (process or node) is gone
+    LOST = "lost"  # the worker (process or node) is gone, or stopped answering (``unresponsive``)
+    CONTROL_PLANE = "control_plane"  # Ray's control plane (the GCS) stopped answering, or answers again
 
 
 @dataclass(kw_only=True, slots=True)
@@ -61,6 +62,7 @@ class EpochReport:
     data_wait_s: float | None = None  # seconds of train_s spent waiting for input
     input: str | None = None  # stream | memory (| simulated)
     skipped_images: int = 0
+    missing_images: int = 0  # of skipped_images: files deleted since the run began
     oom_retries: int = 0
     idle_before_s: float | None = None  # first epoch of a trial: the worker's idle time before it
     weights: Weights | None = None  # the checkpoint for a re-queue (None: not checkpointed, e.g. the last epoch)
@@ -74,6 +76,7 @@ class BadImagesReport:
     files: list[str]
     epoch_count: int  # images skipped in the reporting epoch
     over_limit: bool = False  # the share passed dataset.max_bad_fraction: the run must stop
+    missing: list[str] = field(default_factory=list)  # of files: those that no longer exist (deleted, not damaged)
 
 
 @dataclass(kw_only=True, slots=True)

@@ -10,6 +10,14 @@ A worker that cannot start (its backend does not import, its device does not set
 node does not see the dataset) is reported once as ``start_failed`` with its node and the
 cause; its slot is tried again at most ``MAX_START_ATTEMPTS`` times in all, so a broken node
 does not restart workers every few seconds for the whole run.
+
+Nothing here waits on Ray's control plane (docs/cluster.md, "When Ray stops answering"): the
+cluster is re-read by a :class:`~aiperf.cluster.ray_session.ControlPlaneWatch` on a thread of
+its own, and a silent control plane is reported as a ``control_plane`` event. A ready worker
+holding a trial that has said nothing for ``PING_AFTER_S`` is asked whether it is alive (on a
+thread of the worker's own, beside the trial's); one that answers nothing for
+``UNRESPONSIVE_S`` is lost as ``unresponsive``, and at the run's end :meth:`WorkerPool.unresponsive`
+names those that do not answer within ``FINAL_ANSWER_S``.
 """
 
 from __future__ import annotations
@@ -25,7 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 from aiperf.cluster.messages import EventKind, TrialMessage
 from aiperf.cluster.plan import Plan, Slot, make_plan
-from aiperf.cluster.worker import TrialWorker, WorkerSettings
+from aiperf.cluster.ray_session import ControlPlaneWatch
+from aiperf.cluster.worker import LIVENESS_GROUP, RayTrialWorker, WorkerSettings
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -37,6 +46,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MAX_START_ATTEMPTS = 3
+PING_AFTER_S = 10.0  # a ready worker holding a trial that said nothing this long is asked whether it is alive
+UNRESPONSIVE_S = 60.0  # ... one that answered nothing this long is lost as unresponsive (its trial re-queued)
+FINAL_ANSWER_S = 5.0  # at the run's end, each worker holding a trial must answer within this
 
 
 @dataclass
@@ -57,6 +69,7 @@ class PoolEvent:
     error: str = ""
     started: bool = False  # for failed/lost: whether the trial had begun on the worker
     worker_lost: bool = False  # failed because the worker (process or node) is gone, not the trial's fault
+    unresponsive: bool = False  # ... because the worker stopped answering (its process may still exist)
     report: TrialMessage | None = None
 
     def __post_init__(self) -> None:
@@ -109,6 +122,13 @@ class WorkerPool(ABC):
     def may_start_workers(self) -> bool:
         """Whether the pool may still start another worker (a slot it has not given up on)."""
         return True
+
+    def unresponsive(self, wait_s: float) -> dict[str, str]:
+        """At the run's end: the workers holding a trial that do not answer within ``wait_s``, each with why.
+
+        Empty when every one answers, or when the pool cannot ask (an in-process pool).
+        """
+        return {}
 
     @property
     @abstractmethod
@@ -170,10 +190,15 @@ class _Worker:
     info: dict[str, Any] = field(default_factory=dict)
     tasks: list[_Task] = field(default_factory=list)
     alive: bool = True
+    heard: float = field(default_factory=time.monotonic)  # when it last said anything (a message, an answer)
+    ping: Any = None  # the liveness question it has not answered yet
 
 
 class RayWorkerPool(WorkerPool):
     """Workers are Ray actors placed by the plan; trials stream their epochs back as generators."""
+
+    _watch: ControlPlaneWatch | None = None
+    _silent_since: float | None = None  # the control plane's silence already reported (time.monotonic)
 
     def __init__(
         self,
@@ -196,7 +221,10 @@ class RayWorkerPool(WorkerPool):
         self._queue_depth = queue_depth
         self._max_workers = max_workers
         self._dataset_ref = ray.put(dataset)
-        self._actor_cls = ray.remote(max_restarts=0)(TrialWorker)
+        # Ray's type stubs lack concurrency_groups, which ray.remote takes (docs: "Concurrency Groups").
+        self._actor_cls = ray.remote(max_restarts=0, concurrency_groups={LIVENESS_GROUP: 1})(  # type: ignore[call-overload]
+            RayTrialWorker
+        )
         self._workers: dict[str, _Worker] = {}
         self._ids = itertools.count()
         self._resync_s = resync_s
@@ -206,6 +234,7 @@ class RayWorkerPool(WorkerPool):
         self._start_attempts: dict[tuple[str, int], int] = {}
         self._pending_events: list[PoolEvent] = []
         self._free = FreeWorkers()
+        self._watch = ControlPlaneWatch(resync_s=resync_s).start()
         self._start_workers(self._plan.slots)
 
     @classmethod
@@ -240,8 +269,7 @@ class RayWorkerPool(WorkerPool):
                 name=None,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(slot.node_id, soft=False),
             ).remote(worker_id, self._dataset_ref, self._settings.for_slot(slot))
-            # Ray types a handle's methods as the class's own; on a handle they are actor methods with .remote.
-            info_ref = actor.info.remote()  # type: ignore[attr-defined]
+            info_ref = actor.info.remote()
             self._workers[worker_id] = _Worker(worker_id, slot, actor, info_ref)
             self._refresh_free(self._workers[worker_id])
 
@@ -250,14 +278,10 @@ class RayWorkerPool(WorkerPool):
         now = time.monotonic()
         if now - self._last_sync < self._resync_s:
             return []
-        self._last_sync = now
-        from aiperf.cluster.resources import cluster_nodes
-
-        try:
-            nodes = cluster_nodes(probe=False)  # counts only: a probe would block this loop on a dying node
-        except Exception as exc:  # the head is busy or restarting: try again at the next re-sync
-            logger.debug("re-sync skipped: listing the cluster's nodes failed: %s", exc)
+        nodes = self._listed_nodes()
+        if nodes is None:
             return []
+        self._last_sync = now
         plan = self._replan(nodes)
         alive_nodes = {n.node_id for n in nodes}
         self._hosts.update({n.node_id: n.hostname for n in nodes})
@@ -281,6 +305,22 @@ class RayWorkerPool(WorkerPool):
         if missing:
             self._start_workers(missing)
         return events
+
+    def _listed_nodes(self) -> list[NodeInfo] | None:
+        """The watch's newest listing of the cluster (None: none since the last one, e.g. the GCS is silent)."""
+        from aiperf.cluster.resources import cluster_nodes, node_from_ray
+
+        if self._watch is not None and self._watch.unavailable is None:
+            raw = self._watch.take_nodes()
+            if raw is None:
+                return None
+            nodes = [node_from_ray(r) for r in raw if r.get("Alive")]
+            return sorted(nodes, key=lambda n: (not n.is_head, n.node_id))
+        try:  # a Ray that cannot be watched (a client connection): ask it here, as before
+            return cluster_nodes(probe=False)  # counts only: a probe would block this loop on a dying node
+        except Exception as exc:  # the head is busy or restarting: try again at the next re-sync
+            logger.debug("re-sync skipped: listing the cluster's nodes failed: %s", exc)
+            return None
 
     def free_workers(self) -> list[str]:
         return self._free.ordered()
@@ -314,23 +354,37 @@ class RayWorkerPool(WorkerPool):
     ) -> None:
         w = self._workers[worker]
         gen = w.actor.run_trial.remote(spec, parent_weights, resume_weights)
+        if not w.tasks:  # its silence counts from now: an idle worker has nothing to say
+            w.heard = time.monotonic()
         w.tasks.append(_Task(trial, attempt, worker, gen))
         self._refresh_free(w)
 
     def worker_info(self, worker: str) -> dict[str, Any]:
         return self._workers[worker].info
 
-    def _lose(self, w: _Worker, why: str, kind: EventKind = EventKind.LOST) -> list[PoolEvent]:
-        """The worker is gone: its queued trials fail as worker losses (the master re-queues them)."""
+    def _lose(
+        self, w: _Worker, why: str, kind: EventKind = EventKind.LOST, unresponsive: bool = False
+    ) -> list[PoolEvent]:
+        """The worker is gone (or ``unresponsive``): its queued trials fail as worker losses (the master re-queues)."""
         w.alive = False
+        w.ping = None
         events = [
-            PoolEvent(EventKind.FAILED, w.worker_id, t.trial, t.attempt, error=why, started=t.started, worker_lost=True)
+            PoolEvent(
+                EventKind.FAILED,
+                w.worker_id,
+                t.trial,
+                t.attempt,
+                error=why,
+                started=t.started,
+                worker_lost=True,
+                unresponsive=unresponsive,
+            )
             for t in w.tasks
         ]
         w.tasks.clear()
         self._refresh_free(w)
         where = {"node": w.slot.node_id, "hostname": self._hosts.get(w.slot.node_id, "")}
-        events.append(PoolEvent(kind, w.worker_id, error=why, worker_lost=True, data=where))
+        events.append(PoolEvent(kind, w.worker_id, error=why, worker_lost=True, unresponsive=unresponsive, data=where))
         try:
             self._ray.kill(w.actor, no_restart=True)
         except Exception as exc:  # already gone with its process or node
@@ -340,8 +394,11 @@ class RayWorkerPool(WorkerPool):
     def wait(self, timeout: float) -> list[PoolEvent]:
         ray = self._ray
         events, self._pending_events = self._pending_events, []
+        events.extend(self._control_plane())
+        events.extend(self._check_liveness())
         waitables: list[Any] = []
         owner: dict[Any, tuple[_Worker, _Task | None]] = {}
+        pings: dict[Any, _Worker] = {}
         for w in self._workers.values():
             if not w.alive:
                 continue
@@ -352,6 +409,9 @@ class RayWorkerPool(WorkerPool):
                 gen = w.tasks[0].gen
                 waitables.append(gen)
                 owner[gen] = (w, w.tasks[0])
+            if w.ping is not None:
+                waitables.append(w.ping)
+                pings[w.ping] = w
         if not waitables:
             time.sleep(min(timeout, 0.05)) if not events else None
             return events
@@ -360,7 +420,11 @@ class RayWorkerPool(WorkerPool):
             more, _ = ray.wait(waitables, num_returns=len(waitables), timeout=0)
             ready = list(dict.fromkeys([*ready, *more]))
         for item in ready:
+            if item in pings:
+                self._take_answer(pings[item], item)
+                continue
             w, task = owner[item]
+            w.heard = time.monotonic()
             if w.alive and not w.info:
                 # The worker answered ``info`` before it began any trial, but Ray may deliver its trial's
                 # first message first: the master must know the worker (its node) before that message.
@@ -368,6 +432,70 @@ class RayWorkerPool(WorkerPool):
             if task is not None and w.alive:
                 events.extend(self._drain(w, task))
         return events
+
+    def _control_plane(self) -> list[PoolEvent]:
+        """A ``control_plane`` event when the GCS stops answering, and another when it answers again."""
+        if self._watch is None:
+            return []
+        now = time.monotonic()
+        if self._silent_since is None:
+            since = self._watch.silent_since(now)
+            if since is None:
+                return []
+            self._silent_since = since
+            return [PoolEvent(EventKind.CONTROL_PLANE, "", data={"answering": False, "silent_s": now - since})]
+        if self._watch.silent_since(float("inf")) is not None:  # still silent (or a question is out)
+            return []
+        silent_s, self._silent_since = now - self._silent_since, None
+        return [PoolEvent(EventKind.CONTROL_PLANE, "", data={"answering": True, "silent_s": silent_s})]
+
+    def _check_liveness(self) -> list[PoolEvent]:
+        """Ask quiet workers whether they are alive; lose those that stayed silent ``UNRESPONSIVE_S``."""
+        now = time.monotonic()
+        events: list[PoolEvent] = []
+        for w in list(self._workers.values()):
+            if not (w.alive and w.info and w.tasks):  # a worker still starting is a start-up matter
+                continue
+            silent = now - w.heard
+            if silent >= UNRESPONSIVE_S:
+                why = f"unresponsive: worker {w.worker_id} answered nothing for {silent:.0f} s"
+                events.extend(self._lose(w, why, unresponsive=True))
+            elif silent >= PING_AFTER_S and w.ping is None:
+                w.ping = self._ask_alive(w)
+        return events
+
+    def _ask_alive(self, w: _Worker) -> Any:
+        return w.actor.alive.options(concurrency_group=LIVENESS_GROUP).remote()
+
+    def _take_answer(self, w: _Worker, ref: Any) -> bool:
+        """The worker's answer to "alive?"; False when it died instead (its trial's stream says so)."""
+        if w.ping is ref:
+            w.ping = None
+        try:
+            self._ray.get(ref)
+        except Exception as exc:
+            logger.debug("worker %s did not answer: %s", w.worker_id, exc)
+            return False
+        w.heard = time.monotonic()
+        return True
+
+    def unresponsive(self, wait_s: float) -> dict[str, str]:
+        asked: dict[Any, _Worker] = {}
+        for w in self._workers.values():
+            if w.alive and w.info and w.tasks:
+                if w.ping is None:
+                    w.ping = self._ask_alive(w)
+                asked[w.ping] = w
+        if not asked:
+            return {}
+        began = time.monotonic()
+        ready, _ = self._ray.wait(list(asked), num_returns=len(asked), timeout=wait_s)
+        answered = {asked[ref].worker_id for ref in ready if self._take_answer(asked[ref], ref)}
+        return {
+            w.worker_id: f"no answer within {wait_s:g} s at the run's end, nothing heard for {began - w.heard:.0f} s"
+            for w in asked.values()
+            if w.worker_id not in answered
+        }
 
     def _take_info(self, w: _Worker) -> list[PoolEvent]:
         """The worker's answer to ``info`` (it ran before any trial): ready, or a start failure."""
@@ -430,6 +558,8 @@ class RayWorkerPool(WorkerPool):
 
     def retire_all(self) -> dict[str, dict[str, Any]]:
         ray = self._ray
+        if self._watch is not None:
+            self._watch.stop(wait_s=0)  # no new question; the one in flight has its own deadline
         stats: dict[str, dict[str, Any]] = {}
         alive = [w for w in self._workers.values() if w.alive]
         refs = {w.worker_id: w.actor.stats.remote() for w in alive if not w.tasks}
@@ -448,6 +578,8 @@ class RayWorkerPool(WorkerPool):
                 ray.kill(w.actor, no_restart=True)
             except Exception as exc:
                 logger.debug("killing worker %s at the end: %s", w.worker_id, exc)
+        if self._watch is not None:
+            self._watch.stop()  # out of any call into Ray before Ray is shut down
         return stats
 
 

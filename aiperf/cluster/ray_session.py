@@ -14,14 +14,28 @@ since Ray 2.59); nothing here disables it or sets a password. Joining an existin
 (``--address`` or ``RAY_ADDRESS``) uses the addresses that cluster was started with — the
 ``launch/`` scripts bind them to the interface the user names and share a per-job token
 (``RAY_AUTH_MODE=token`` with ``RAY_AUTH_TOKEN_PATH``).
+
+Ray's control plane (the GCS) can stop answering -- frozen, overloaded, partitioned -- while
+the workers go on training: trials stream their results to the master directly, not through
+the GCS. But any call that asks the GCS (``ray.nodes()``, ``ray.shutdown()``) then blocks for
+as long as it is silent, and the run's budget with it. So during a run nothing asks the GCS on
+the master's thread: :class:`ControlPlaneWatch` asks it on a thread of its own, every call with
+a deadline, and says since when it has not answered; :meth:`RaySession.shutdown` gives Ray
+``SHUTDOWN_WAIT_S`` to shut down and then kills the local instance's processes
+(docs/cluster.md, "When Ray stops answering").
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
+import threading
+import time
 import warnings
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +50,12 @@ TOKEN_HINT = (
 )
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")  # the names Ray rewrites to a routable address
 
+CONTROL_PLANE_PROBE_S = 2.0  # how often the watch asks the GCS a question (and each question's deadline)
+CONTROL_PLANE_TIMEOUT_S = 5.0  # unanswered this long: the control plane stopped answering
+SHUTDOWN_WAIT_S = 10.0  # ray.shutdown's time; then a local instance's processes are killed, and it gets as long again
+
+logger = logging.getLogger(__name__)
+
 
 @dataclass
 class RaySession:
@@ -45,14 +65,198 @@ class RaySession:
     local: bool
     _restore: dict[str, Any] = field(default_factory=dict, repr=False)
 
-    def shutdown(self) -> None:
+    def shutdown(self, wait_s: float = SHUTDOWN_WAIT_S) -> str | None:
+        """Disconnect, and stop the instance this process started, in bounded time.
+
+        ``ray.shutdown()`` waits for the GCS for as long as it is silent (a frozen GCS holds it
+        forever, and Ray's own exit handler after it). After ``wait_s`` the Ray processes this
+        process started are killed, which releases it, and it gets ``wait_s`` more. Returns a
+        line saying what had to be forced, or None when Ray shut down by itself.
+        """
         import ray
 
+        for watch in list(_WATCHES):  # a run that raised left its watch asking: no question into a Ray going away
+            watch.stop()
+        note = None
         if ray.is_initialized():
-            ray.shutdown()
+            done = _in_thread(ray.shutdown, "aiperf-ray-shutdown")
+            if not done.wait(wait_s):
+                if self.local:
+                    killed = kill_local_ray()
+                    done.wait(wait_s)
+                    note = f"Ray did not shut down within {wait_s:g} s: its {killed} local process(es) were killed"
+                else:
+                    note = f"disconnecting from the Ray cluster at {self.address} did not finish within {wait_s:g} s"
+                if not done.is_set():
+                    note += "; Ray's own exit may still wait for its control plane"
         if self._restore:
             _set_cluster_mode(**self._restore)
             self._restore = {}
+        return note
+
+
+def _in_thread(fn: Callable[[], Any], name: str) -> threading.Event:
+    """Run ``fn`` on a daemon thread; the event is set when it returned or raised."""
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            fn()
+        except Exception as exc:  # the caller only waits for the end; what went wrong is logged
+            logger.debug("%s: %s", name, exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return done
+
+
+def kill_local_ray() -> int:
+    """SIGKILL the Ray processes descending from this one (a local instance it started); how many.
+
+    SIGKILL also ends a stopped (SIGSTOP) process, which SIGTERM would not until it is resumed.
+    """
+    me = os.getpid()
+    killed = 0
+    for pid in ray_process_ids(me) - {me}:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed += 1
+        except OSError:  # gone already, or not ours
+            continue
+    return killed
+
+
+def _gcs_client(ray: Any) -> Any:
+    """This driver's client of the GCS (AttributeError where there is none: a Ray Client connection)."""
+    return ray._private.worker.global_worker.gcs_client
+
+
+def gcs_ping(timeout_s: float) -> None:
+    """One round trip to the GCS with a deadline (raises on no answer): a key nobody writes."""
+    import ray
+
+    _gcs_client(ray).internal_kv_get(b"aiperf-ping", b"aiperf", timeout=timeout_s)
+
+
+def gcs_nodes(timeout_s: float) -> list[dict[str, Any]]:
+    """The cluster's alive nodes as ``ray.nodes()`` lists them, asked with a deadline (``ray.nodes()`` has none)."""
+    import ray
+    from ray.core.generated import gcs_pb2
+
+    alive = gcs_pb2.GcsNodeInfo.GcsNodeState.Value("ALIVE")  # type: ignore[attr-defined]  # generated, untyped
+    infos = _gcs_client(ray).get_all_node_info(timeout=timeout_s)
+    return [
+        {
+            "NodeID": info.node_id.hex(),
+            "Alive": info.state == alive,
+            "NodeManagerAddress": info.node_manager_address,
+            "NodeManagerHostname": info.node_manager_hostname,
+            "Resources": dict(info.resources_total),
+        }
+        for info in infos.values()
+    ]
+
+
+_WATCHES: weakref.WeakSet[ControlPlaneWatch] = weakref.WeakSet()  # started and not stopped
+
+
+class ControlPlaneWatch:
+    """Asks Ray's control plane a question every ``probe_s`` on a thread of its own, each with a deadline.
+
+    The master's loop never waits for the GCS: it reads :meth:`silent_since` (since when the
+    GCS has not answered, once that is ``timeout_s`` or more) and :meth:`take_nodes` (the newest
+    node listing, asked every ``resync_s``). ``ping`` and ``list_nodes`` take their deadline in
+    seconds and raise when it passes.
+    """
+
+    def __init__(
+        self,
+        resync_s: float = 10.0,
+        probe_s: float = CONTROL_PLANE_PROBE_S,
+        timeout_s: float = CONTROL_PLANE_TIMEOUT_S,
+        ping: Callable[[float], Any] = gcs_ping,
+        list_nodes: Callable[[float], list[dict[str, Any]]] = gcs_nodes,
+    ) -> None:
+        self.resync_s, self.probe_s, self.timeout_s = resync_s, probe_s, timeout_s
+        self._ping, self._list_nodes = ping, list_nodes
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._asking_since: float | None = None  # a question is out since then
+        self._failing_since: float | None = None  # the first question of the current run of failed ones
+        self._nodes: list[dict[str, Any]] | None = None
+        self._last_listing = float("-inf")
+        self._thread: threading.Thread | None = None
+        self.unavailable: str | None = None  # why this Ray cannot be watched (the pool then asks it directly)
+
+    def start(self) -> ControlPlaneWatch:
+        self._thread = threading.Thread(target=self._loop, name="aiperf-control-plane", daemon=True)
+        self._thread.start()
+        _WATCHES.add(self)
+        return self
+
+    def stop(self, wait_s: float | None = None) -> None:
+        """Stop asking; waits for a question in flight (its own deadline bounds it) unless ``wait_s`` is 0."""
+        self._stop.set()
+        _WATCHES.discard(self)
+        if self._thread is not None:
+            self._thread.join(self.probe_s + 1.0 if wait_s is None else wait_s)
+
+    def ask_once(self) -> None:
+        """One question: the node listing when it is due, else a ping."""
+        began = time.monotonic()
+        with self._lock:
+            self._asking_since = began
+        deadline = max(0.1, min(self.probe_s, self.timeout_s))
+        try:
+            if began - self._last_listing >= self.resync_s:
+                nodes = self._list_nodes(deadline)
+                self._last_listing = began
+                with self._lock:
+                    self._nodes = nodes
+            else:
+                self._ping(deadline)
+        except (
+            AttributeError,
+            ImportError,
+        ) as exc:  # this Ray (a client connection, another version) has no GCS client
+            logger.debug("Ray's control plane cannot be watched: %s", exc)
+            with self._lock:
+                self._asking_since = None
+                self.unavailable = f"{type(exc).__name__}: {exc}"
+            self._stop.set()
+            return
+        except Exception as exc:  # no answer in time (or an error instead of one): still silent
+            logger.debug("Ray's control plane did not answer: %s", exc)
+            with self._lock:
+                self._asking_since = None
+                if self._failing_since is None:
+                    self._failing_since = began
+            return
+        with self._lock:
+            self._asking_since = None
+            self._failing_since = None
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            began = time.monotonic()
+            self.ask_once()
+            self._stop.wait(max(0.0, self.probe_s - (time.monotonic() - began)))
+
+    def silent_since(self, now: float | None = None) -> float | None:
+        """``time.monotonic()`` when the control plane stopped answering, once that is ``timeout_s`` ago; else None."""
+        with self._lock:
+            since = self._failing_since if self._failing_since is not None else self._asking_since
+        if since is None:
+            return None
+        now = time.monotonic() if now is None else now
+        return since if now - since >= self.timeout_s else None
+
+    def take_nodes(self) -> list[dict[str, Any]] | None:
+        """The newest node listing not yet taken (``ray.nodes()``'s shape), or None."""
+        with self._lock:
+            nodes, self._nodes = self._nodes, None
+        return nodes
 
 
 def _quiet_ray() -> None:

@@ -5,7 +5,8 @@ every trial after that only builds and trains a model, so no trial pays a proces
 A worker of a streamed dataset also checks there that it can read the files (a node that
 does not see the dataset fails here, once, with its name, rather than in every trial).
 The worker measures its own busy time (inside training and evaluation steps) and the
-gaps between trials, which the master records per worker.
+gaps between trials, which the master records per worker. As a Ray actor it is wrapped in
+:class:`RayTrialWorker`, which also answers the master's "are you alive?" while a trial trains.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
     from aiperf.training.trainer import TrainerSettings
 
 logger = logging.getLogger(__name__)
+
+LIVENESS_GROUP = "liveness"  # the actor's concurrency group for RayTrialWorker.alive: a thread beside the trials'
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -196,6 +199,52 @@ class TrialWorker:
                 "median_s": gaps[len(gaps) // 2] if gaps else None,
             },
         }
+
+
+class RayTrialWorker:
+    """What the pool starts as a Ray actor: a :class:`TrialWorker`, and an answer to "alive?" while it trains.
+
+    :meth:`alive` runs in a concurrency group of its own (``LIVENESS_GROUP``, one thread), so
+    the master hears from a worker in the middle of a long epoch -- and not from one whose
+    process is stopped or gone. With a concurrency group, Ray runs the actor's other methods
+    on one thread of their own, not the one that ran ``__init__``; Keras keeps part of its
+    state per thread, so the :class:`TrialWorker` is built on that thread by the first call
+    (``info``, which the pool makes at once), and start-up and trials share one thread as
+    they did without the group. A start-up that failed fails every later call the same way.
+    """
+
+    def __init__(self, worker_id: str, dataset: Dataset, settings: WorkerSettings) -> None:
+        self._args: tuple[str, Dataset, WorkerSettings] | None = (worker_id, dataset, settings)
+        self._worker: TrialWorker | None = None
+        self._failed: Exception | None = None
+
+    def _built(self) -> TrialWorker:
+        if self._worker is not None:
+            return self._worker
+        if self._failed is not None or self._args is None:
+            raise self._failed or RuntimeError("the worker has no start-up arguments")
+        try:
+            self._worker = TrialWorker(*self._args)
+        except Exception as exc:
+            self._failed = exc
+            raise
+        self._args = None
+        return self._worker
+
+    def info(self) -> dict[str, Any]:
+        return self._built().info()
+
+    def run_trial(
+        self, spec: dict[str, Any], parent_weights: Weights | None = None, resume_weights: Weights | None = None
+    ) -> Generator[TrialMessage, None, None]:
+        yield from self._built().run_trial(spec, parent_weights, resume_weights)
+
+    def stats(self) -> dict[str, Any]:
+        return self._built().stats()
+
+    def alive(self) -> bool:
+        """The master's liveness question (``LIVENESS_GROUP``): answered unless the process is stopped or gone."""
+        return True
 
 
 def trainer_settings(settings: WorkerSettings, device: DeviceInfo) -> TrainerSettings:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 
@@ -38,6 +38,8 @@ class BadImagesMeta(TypedDict):
     count: int
     files: list[str]  # the first 100
     max_fraction: float
+    missing_count: NotRequired[int]  # of ``count``, files that no longer existed when they were read
+    missing: NotRequired[list[str]]  # the first 100 of them
 
 
 class DatasetMeta(TypedDict, total=False):
@@ -146,6 +148,21 @@ class Dataset:
         path = (files or [])[index][0]
         root = self.meta.get("root")
         return os.path.relpath(path, root) if root and path.startswith(str(root) + os.sep) else path
+
+    def missing_items(self, split: str, indices: np.ndarray) -> np.ndarray:
+        """Those of a split's ``indices`` whose file (or TFRecord shard) no longer exists.
+
+        A skipped image is either missing (deleted after the dataset was indexed) or present but
+        undecodable; the file system tells them apart once the image has been skipped.
+        """
+        indices = np.asarray(indices, dtype=np.int64)
+        shards = self.train_shards if split == "train" else self.val_shards
+        if shards is not None:
+            shard = np.searchsorted(np.cumsum(shards.counts), indices, side="right")
+            gone = np.array([not os.path.exists(path) for path in shards.paths], dtype=bool)
+            return indices[gone[shard]] if len(indices) else indices
+        files = self.train_files if split == "train" else self.val_files
+        return np.array([i for i in indices if not os.path.exists((files or [])[int(i)][0])], dtype=np.int64)
 
     def fingerprint(self) -> str:
         """SHA-256 over the split's contents (or file lists): identifies the exact data used."""

@@ -28,11 +28,14 @@ from typing import NotRequired, TypedDict
 import numpy as np
 from PIL import Image
 
+from aiperf import cli_limits as limits
 from aiperf.errors import AiperfError
 
 MANIFEST = "aiperf-dataset.json"
 IMAGENET_MEAN_SIDES = (400, 350)  # width, height of an average ImageNet training image
 LARGE_SIZE = (4032, 3024)  # a phone camera's photo
+# _Painter.size() draws an area 3 sigma above ImageNet's mean (400k pixels) at a 2:1 aspect as 894 px a side.
+TYPICAL_SIDE_MAX = 900
 QUIRKS = ("cmyk", "grayscale", "png_named_jpeg", "tiny_1x1", "tiny_16x16", "large")
 BAD_KINDS = ("truncated", "garbage", "empty")
 JPEG_QUALITY = 90
@@ -78,14 +81,46 @@ class GenerateSpec:
     val_shards: int = 2
 
     def check(self) -> None:
-        if self.classes < 2:
-            raise AiperfError("make-imagenet: --classes must be at least 2")
-        if self.train_per_class < 1 or self.val_per_class < 1:
-            raise AiperfError("make-imagenet: --train-per-class and --val-per-class must be at least 1")
-        if not 1 <= self.min_side <= self.max_side:
-            raise AiperfError("make-imagenet: need 1 <= --min-side <= --max-side")
-        if self.mean_kb <= 0 or self.bad < 0 or self.train_shards < 1 or self.val_shards < 1:
-            raise AiperfError("make-imagenet: --mean-kb, --train-shards and --val-shards must be positive, --bad >= 0")
+        """Every field in its CLI range (:mod:`aiperf.cli_limits`), and the tree as a whole bounded, before any work."""
+        where = "make-imagenet: "
+        for bound, value in (
+            (limits.CLASSES, self.classes),
+            (limits.TRAIN_PER_CLASS, self.train_per_class),
+            (limits.VAL_PER_CLASS, self.val_per_class),
+            (limits.MIN_SIDE, self.min_side),
+            (limits.MAX_SIDE, self.max_side),
+            (limits.BAD, self.bad),
+            (limits.TRAIN_SHARDS, self.train_shards),
+            (limits.VAL_SHARDS, self.val_shards),
+            (limits.MAKE_SEED, self.seed),
+        ):
+            bound.check(value, where)
+        limits.MEAN_KB.check(self.mean_kb, where)
+        if self.min_side > self.max_side:
+            raise AiperfError(f"{where}need --min-side <= --max-side, got {self.min_side} > {self.max_side}")
+        images = self.images()
+        if images > limits.MAKE_IMAGES_MAX:
+            raise AiperfError(
+                f"{where}--classes x (--train-per-class + --val-per-class) + --bad makes {images:,} images; "
+                f"at most {limits.MAKE_IMAGES_MAX:,}"
+            )
+        side = self.largest_side()
+        raw = images * side * side * 3  # the one large quirk (36 MB) left out
+        if raw > limits.MAKE_RAW_BYTES_MAX:
+            raise AiperfError(
+                f"{where}{images:,} images of up to {side:,} x {side:,} pixels are {raw / 2**40:,.1f} TiB as raw RGB; "
+                f"at most {limits.MAKE_RAW_BYTES_MAX / 2**40:g} TiB (fewer images, or a smaller --max-side/--min-side)"
+            )
+
+    def images(self) -> int:
+        """The files of the tree: plain images, quirks and undecodable files."""
+        quirks = len(QUIRKS) + 2 if self.quirks else 0  # cmyk and png_named_jpeg go to both splits
+        return self.classes * (self.train_per_class + self.val_per_class) + quirks + self.bad
+
+    def largest_side(self) -> int:
+        """The largest side a painted image gets: ``size()`` draws sides below :data:`TYPICAL_SIDE_MAX` unless
+        ``min_side`` is larger, and never above ``max_side`` (the large quirk's fixed size aside)."""
+        return min(self.max_side, max(self.min_side, TYPICAL_SIDE_MAX))
 
 
 def _class_style(k: int, classes: int) -> tuple[np.ndarray, float, float]:

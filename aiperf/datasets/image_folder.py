@@ -6,9 +6,9 @@ class folder names. ``dataset.storage`` decides how the images reach the trainer
 decodes them once (grayscale if every image is, RGB otherwise, stretched to ``image_size``),
 ``stream`` hands the workers (file, label) lists that they decode per batch with the
 standard augmentation (:mod:`aiperf.training.stream_input`), and ``auto`` streams a folder
-whose decoded images would exceed ``IN_MEMORY_LIMIT_BYTES``. Files that cannot be decoded
-are skipped and counted (:mod:`aiperf.datasets.bad_images`); in memory this happens here,
-streamed it happens on the workers.
+whose decoded images would exceed ``IN_MEMORY_LIMIT_BYTES``. Files that cannot be decoded,
+or are gone by the time they are read, are skipped and counted (:mod:`aiperf.datasets.bad_images`);
+in memory this happens here, streamed it happens on the workers.
 """
 
 from __future__ import annotations
@@ -150,10 +150,19 @@ def _relative(root: Path, path: str) -> str:
 
 
 def _check_bad(root: Path, bad: list[str], total: int, cfg: DatasetConfig) -> BadImagesMeta:
-    """The ``bad_images`` entry of the dataset's meta; an error when they are too many."""
+    """The ``bad_images`` entry of the dataset's meta; an error when they are too many.
+
+    A file listed when the folder was scanned but gone when it was read is named as missing.
+    """
+    missing = [name for name in bad if not (root / name).exists()]
     if over_limit(len(bad), total, cfg.max_bad_fraction):
-        raise AiperfError(f"image_folder: {root}: {too_many_bad_images(bad, total, cfg.max_bad_fraction)}")
-    return {"count": len(bad), "files": bad[:100], "max_fraction": cfg.max_bad_fraction}
+        message = too_many_bad_images(bad, total, cfg.max_bad_fraction, missing=missing)
+        raise AiperfError(f"image_folder: {root}: {message}")
+    meta: BadImagesMeta = {"count": len(bad), "files": bad[:100], "max_fraction": cfg.max_bad_fraction}
+    if missing:
+        meta["missing_count"] = len(missing)
+        meta["missing"] = missing[:100]
+    return meta
 
 
 def _in_memory(root: Path, names: list[str], train: Files, val: Files | None, cfg: DatasetConfig) -> Dataset:

@@ -27,6 +27,8 @@ def is_image_file(path: str | Path) -> bool:
 
 
 def _cannot_decode(path: str | Path, exc: BaseException) -> AiperfError:
+    if isinstance(exc, FileNotFoundError):  # deleted since the folder was listed: not a damaged file
+        return AiperfError(f"image_folder: {path}: missing (the file no longer exists)")
     return AiperfError(f"image_folder: {path}: cannot decode image ({first_line(exc)})")
 
 

@@ -135,7 +135,11 @@ class RunSession:
                             reason = f"{type(exc).__name__}: {exc}"[:500]
                             self.ledger.append(RunStopRecord(status=RunStatus.FAILED, reason=reason))
                     raise
-            self.ledger.append(RunStopRecord(t=self.master.clock(), status=outcome.status, reason=outcome.reason))
+            self.ledger.append(
+                RunStopRecord(
+                    t=self.master.clock(), status=outcome.status, reason=outcome.reason, **outcome.run_stop_fields()
+                )
+            )
         finally:
             with contextlib.suppress(AiperfError):  # a ledger that cannot sync has already said so
                 self.ledger.close()
@@ -204,4 +208,5 @@ def open_session(
     )
     if resumed is not None:
         master.bad_images.update(resumed.bad_images)
+        master.missing_images.update(resumed.missing_images)
     return RunSession(run_dir, ledger, master)

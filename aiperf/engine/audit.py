@@ -8,7 +8,8 @@ matching ``summary.json`` verifies. The audit goes back to the evidence:
 2. every stored weights file is hashed and compared with the ``weights`` record the master
    wrote the moment it saved the file (a file changed afterwards fails, by name);
 3. re-evaluation: the best trial and a seeded sample of other completed trials are rebuilt
-   from their recorded architecture with their stored weights, evaluated on the held-out
+   from their recorded architecture with their stored weights (each file's headers checked
+   against that architecture before anything in it is unpacked), evaluated on the held-out
    split the run used (the dataset reloaded from the recorded config, its fingerprint
    checked) under the recorded precision policy, and must give the ``val_acc`` recorded for
    the epoch whose weights were stored (the trial's last epoch);
@@ -33,22 +34,25 @@ import os
 import platform
 import random
 import time
-import zipfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
+from aiperf import cli_limits as limits
 from aiperf.engine.weights import file_sha256
 from aiperf.errors import AiperfError, excerpt, first_line
-from aiperf.record.audit_file import AUDIT_NAME
+from aiperf.record.audit_file import AUDIT_NAME, audited_end, write_bound_audit
 from aiperf.record.files import write_atomic
+from aiperf.record.inert import inert
 from aiperf.record.ledger import LEDGER_NAME, read_raw_ledger
 from aiperf.record.schema import (
     EpochRecord,
     Record,
+    RecordType,
     RequeueRecord,
     RunStartRecord,
+    RunStatus,
     TrialEndRecord,
     TrialStartRecord,
     TrialStatus,
@@ -62,6 +66,8 @@ if TYPE_CHECKING:  # imported where they are used: the frameworks load only when
     from aiperf.cluster.worker import TrialWorker, WorkerSettings
     from aiperf.config import Config
     from aiperf.datasets.base import Dataset
+    from aiperf.engine.weights import Weights
+    from nas.graph import Graph
 
 # Re-evaluation is deterministic given the weights, the data and the code; what can differ on
 # another machine (or thread count) is the summation order inside the framework's kernels, which
@@ -266,15 +272,40 @@ def run_worker_settings(cfg: Config, threads: int, precision: str) -> WorkerSett
     return dataclasses.replace(settings, threads=threads, data_parallel=1, precision=precision, ceiling_s=0.0)
 
 
+class _Unusable(Exception):
+    """A trial's recorded architecture or stored weights that cannot be used; the message names which."""
+
+
+def _architecture(start: TrialStartRecord) -> Graph:
+    """The graph a trial's workers built (its recorded architecture under its hyperparameters)."""
+    from aiperf.training.trial import apply_hparams
+    from nas.errors import NasError
+    from nas.serialize import graph_from_dict
+
+    try:
+        return apply_hparams(graph_from_dict(start.graph), start.hparams.model_dump(exclude_unset=True))
+    except (NasError, KeyError, TypeError, ValueError) as exc:
+        raise _Unusable(f"its recorded architecture cannot be rebuilt ({first_line(exc, 200)})") from None
+
+
+def _stored_weights(path: Path, graph: Graph, name: str) -> Weights:
+    """A weights file read back only once its headers declare ``graph``'s arrays (names, shapes, sizes)."""
+    from aiperf.engine.weights import WeightsFileError, load_weights
+
+    try:
+        return load_weights(path, graph, name)
+    except WeightsFileError as exc:
+        raise _Unusable(str(exc)) from None
+    except OSError as exc:
+        raise _Unusable(f"{name} cannot be loaded ({exc.strerror or first_line(exc)})") from None
+
+
 def reevaluate(run_dir: Path, cfg: Config, dataset: Dataset, threads: int, trial: str, t: _Trial) -> TrialCheck:
     """Rebuild ``trial`` from its recorded architecture and stored weights; compare the stored epoch's val_acc."""
     from aiperf.cluster.worker import trainer_settings
-    from aiperf.engine.weights import load_weights
     from aiperf.training.backend import describe_device
     from aiperf.training.input_pipeline import eval_batch_size
     from aiperf.training.trainer import TrialRunner, classification_metrics
-    from aiperf.training.trial import apply_hparams
-    from nas.serialize import graph_from_dict
 
     w = t.weights
     assert w is not None
@@ -288,10 +319,10 @@ def reevaluate(run_dir: Path, cfg: Config, dataset: Dataset, threads: int, trial
     path = _weights_path(run_dir, w)
     assert path is not None
     try:
-        weights = load_weights(path)
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
-        return TrialCheck(trial, "reevaluate", "fail", f"{w.file} cannot be loaded ({exc})", epoch.epoch)
-    graph = apply_hparams(graph_from_dict(t.start.graph), t.start.hparams.model_dump(exclude_unset=True))
+        graph = _architecture(t.start)
+        weights = _stored_weights(path, graph, w.file)  # checked against the architecture from its headers
+    except _Unusable as exc:
+        return TrialCheck(trial, "reevaluate", "fail", str(exc), epoch.epoch)
     backend = cfg.model.backend
     settings = trainer_settings(run_worker_settings(cfg, threads, epoch.precision), describe_device(backend))
     runner = TrialRunner(dataset, settings, backend)
@@ -323,7 +354,6 @@ def retrain(
 ) -> TrialCheck:
     """Train ``trial`` again through the worker's code and compare its accuracy curve and epoch times."""
     from aiperf.cluster.messages import EpochReport
-    from aiperf.engine.weights import load_weights
     from aiperf.training.trial import TrialSpec
 
     s = t.start
@@ -334,7 +364,10 @@ def retrain(
         assert parent.weights is not None
         path = _weights_path(run_dir, parent.weights)
         assert path is not None
-        parent_weights = load_weights(path)
+        try:
+            parent_weights = _stored_weights(path, _architecture(parent.start), parent.weights.file)
+        except _Unusable as exc:
+            return TrialCheck(trial, "retrain", "fail", f"its parent {s.inherit}'s weights: {exc}")
         parent_graph = parent.start.graph
     spec = TrialSpec(
         trial_id=trial,
@@ -484,6 +517,8 @@ def audit_run(
     from aiperf.engine.resume import recorded_config
     from aiperf.record.runlock import live_holder
 
+    limits.AUDIT_SAMPLE.check(sample)
+    limits.AUDIT_RETRAIN.check(retrain_count)
     run_dir = Path(run_dir)
     holder = live_holder(run_dir)
     if holder is not None:
@@ -502,7 +537,9 @@ def audit_run(
     # and its last hash are read from the JSON as it is.
     raw = read_raw_ledger(run_dir)
     data["run_id"] = raw[0].get("run_id")
-    data["ledger"] = {"records": len(raw), "last_hash": raw[-1].get("hash")}
+    count, last_hash = audited_end(raw)  # an earlier audit's record is not part of the run
+    data["ledger"] = {"records": count, "last_hash": last_hash}
+    data["bind"] = verified and _ended_completed(raw)
     if not verified:
         lines = [line.removeprefix("  also: ") for line in verify_message.splitlines()]
         lines[0] = lines[0].replace("verify failed: ", "the ledger does not verify: ", 1)
@@ -566,6 +603,20 @@ def audit_run(
     return _finish(run_dir, data, failed, checks, notes)
 
 
+def _ended_completed(raw: list[dict[str, Any]]) -> bool:
+    """Whether the run's last record (audits aside) is a completed run_stop: only then may an audit follow it."""
+    ran = [r for r in raw if r.get("type") != RecordType.AUDIT]
+    return bool(ran) and ran[-1].get("type") == RecordType.RUN_STOP and ran[-1].get("status") == RunStatus.COMPLETED
+
+
+def _refresh_summary(run_dir: Path) -> None:
+    """The audit record changed the ledger's end: a summary.json beside it is rewritten to match (if any)."""
+    from aiperf.record.summary import SUMMARY_NAME, write_summary
+
+    if (run_dir / SUMMARY_NAME).is_file():
+        write_summary(run_dir)
+
+
 def _finish(
     run_dir: Path,
     data: dict[str, Any],
@@ -580,17 +631,20 @@ def _finish(
     if ok:
         hashed = sum(1 for v in data.get("weight_files", {}).values() if v == "ok")
         lines = [
-            f"audited: run {data.get('run_id')}: {len(reevaluated)} trial(s) re-evaluated"
-            f" ({', '.join(reevaluated) or 'none'}), {len(retrained)} re-trained ({', '.join(retrained) or 'none'});"
+            f"audited: run {inert(data.get('run_id'))}: {len(reevaluated)} trial(s) re-evaluated"
+            f" ({inert(', '.join(reevaluated)) or 'none'}), {len(retrained)} re-trained"
+            f" ({inert(', '.join(retrained)) or 'none'});"
             f" {hashed} weights file(s) match their ledger hashes; ledger verified"
         ]
     else:
-        lines = [f"audit failed: {problems[0]}"]
-        lines += [f"  also: {p}" for p in problems[1:MAX_LISTED]]
+        lines = [f"audit failed: {inert(problems[0])}"]
+        lines += [f"  also: {inert(p)}" for p in problems[1:MAX_LISTED]]
         if len(problems) > MAX_LISTED:
             lines.append(f"  ... and {len(problems) - MAX_LISTED} more problems")
-    lines += [f"  {c.status}: trial {c.trial} {c.check}: {c.detail}" for c in checks if c.status != "fail" or ok]
-    lines += [f"  note: {n}" for n in notes]
+    lines += [
+        f"  {c.status}: trial {inert(c.trial)} {c.check}: {inert(c.detail)}" for c in checks if c.status != "fail" or ok
+    ]
+    lines += [f"  note: {inert(n)}" for n in notes]
     message = "\n".join(lines)
     data.update(
         ok=ok,
@@ -601,8 +655,14 @@ def _finish(
         duration_s=round(time.time() - data["audited_at"], 3),
     )
     path = run_dir / AUDIT_NAME
+    bind = bool(data.pop("bind", False))
     try:
-        write_atomic(path, (json.dumps(data, indent=1, sort_keys=True, allow_nan=False) + "\n").encode())
+        payload = (json.dumps(data, indent=1, sort_keys=True, allow_nan=False) + "\n").encode()
+        if bind:  # the ledger names the file: the report shows it as passed only while it is this one
+            write_bound_audit(run_dir, payload, str(data["ledger"]["last_hash"]), ok)
+            _refresh_summary(run_dir)
+        else:  # a ledger that does not verify or has not ended is not appended to: the file vouches for nothing
+            write_atomic(path, payload)
     except (OSError, ValueError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise AiperfError(f"{message}\n{path}: cannot write the audit result ({reason})", exit_code=1) from None

@@ -6,7 +6,10 @@ next), a :class:`~aiperf.cluster.pool.WorkerPool` (where and how trials run) and
 milliseconds with an in-process pool and scaled to thousands of simulated workers.
 
 Time: everything is measured on this process's clock (the ledger's ``t``), never on a
-worker's, so the score never mixes node clocks.
+worker's, so the score never mixes node clocks. The budget is kept on that clock too: no step
+of the loop waits on Ray for more than a poll (the pool never asks Ray's control plane on this
+thread), so the run ends at its budget even when Ray's control plane stops answering, and its
+``run_stop`` comes at most ``BUDGET_GRACE_S`` later (docs/cluster.md, "When Ray stops answering").
 
 A run that cannot train stops instead of spending its budget: when every worker failed to
 start (and none can be started any more), when ``stop_after_failures`` trials in a row fail
@@ -28,8 +31,8 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiperf.cluster.messages import BadImagesReport, EpochReport, EventKind, TrialDone
-from aiperf.cluster.pool import PoolEvent, WorkerPool
-from aiperf.datasets.bad_images import over_limit, too_many_bad_images
+from aiperf.cluster.pool import FINAL_ANSWER_S, PoolEvent, WorkerPool
+from aiperf.datasets.bad_images import over_limit, skipped_note, too_many_bad_images
 from aiperf.engine.progress import Progress
 from aiperf.engine.weights import WeightStore
 from aiperf.metrics.flops import GraphCost, aiperf_compatible_operations, count_flops, epoch_operations
@@ -59,6 +62,11 @@ if TYPE_CHECKING:
     from aiperf.config import Config
 
 logger = logging.getLogger(__name__)  # aiperf -v run: each trial's lifecycle at INFO, each epoch at DEBUG
+
+# The most a run's run_stop comes after its budget: the loop's last poll (MasterSettings.poll_s), the
+# final "alive?" to the workers holding trials (FINAL_ANSWER_S), the idle workers' final stats (5 s)
+# and the control-plane watch's last question (2 s), with room to spare; tests/cluster/test_control_plane.py.
+BUDGET_GRACE_S = 15.0
 
 
 @dataclass
@@ -131,6 +139,17 @@ class RunOutcome:
     trials_started: int = 0
     trials_completed: int = 0
     worker_stats: dict[str, dict[str, Any]] = field(default_factory=dict)
+    control_plane_silent_t: float | None = None  # when Ray's control plane first stopped answering (None: never)
+    control_plane_silent_s: float | None = None  # how long, in all, it did not answer
+
+    def run_stop_fields(self) -> dict[str, Any]:
+        """What ``run_stop`` adds to the status and reason (nothing when the control plane always answered)."""
+        if self.control_plane_silent_t is None:
+            return {}
+        return {
+            "control_plane_silent_t": self.control_plane_silent_t,
+            "control_plane_silent_s": self.control_plane_silent_s,
+        }
 
 
 class Master:
@@ -176,6 +195,10 @@ class Master:
         self.epochs_counted = 0
         self.epochs_before = epochs_before  # counted by earlier sessions of a resumed run
         self.bad_images: set[str] = set()
+        self.missing_images: set[str] = set()  # of bad_images: files deleted since the run began
+        self.control_plane_silent_t: float | None = None  # the first silence of Ray's control plane (master's t)
+        self.control_plane_silent_s = 0.0  # its silences that ended
+        self._silent_from: float | None = None  # the current silence began then (master's t)
         self._handlers: dict[EventKind, Callable[[PoolEvent], None]] = {
             EventKind.READY: self._on_ready,
             EventKind.START_FAILED: self._on_start_failed,
@@ -185,6 +208,7 @@ class Master:
             EventKind.DONE: self._on_done,
             EventKind.FAILED: self._on_failed,
             EventKind.LOST: self._on_lost,
+            EventKind.CONTROL_PLANE: self._on_control_plane,
         }
 
     # -- control ---------------------------------------------------------------------------------
@@ -240,7 +264,14 @@ class Master:
             status, reason = RunStatus.FAILED, self._nothing_trained()
         self._finish()
         logger.info(f"run {status}: {reason} ({self.proposed} trial(s) proposed, {self.completed} completed)")
-        return RunOutcome(status, reason, self.proposed, self.completed, self.worker_stats)
+        silent_s = None
+        if self.control_plane_silent_t is not None:
+            silent_s = self.control_plane_silent_s + (
+                self.clock() - self._silent_from if self._silent_from is not None else 0.0
+            )
+        return RunOutcome(
+            status, reason, self.proposed, self.completed, self.worker_stats, self.control_plane_silent_t, silent_s
+        )
 
     def _nothing_trained(self) -> str:
         ready = len(self.worker_ready_t)
@@ -419,6 +450,8 @@ class Master:
         d = _report(ev, BadImagesReport)
         new = [name for name in d.files if name not in self.bad_images]
         self.bad_images.update(new)
+        gone = [name for name in new if name in set(d.missing)]
+        self.missing_images.update(gone)
         total, fraction = self.settings.dataset_images, self.settings.max_bad_fraction
         count = max(len(self.bad_images), int(d.epoch_count))
         over = bool(d.over_limit) or (total > 0 and over_limit(count, total, fraction))
@@ -434,13 +467,15 @@ class Master:
                 count=len(self.bad_images),
                 epoch_count=d.epoch_count,
                 over_limit=over,
+                missing=gone,
             )
         )
         if over and total > 0:
-            names = sorted(self.bad_images)
-            self.fail(f"{too_many_bad_images(names, total, fraction, count)} (reported by {self._where(ev.worker)})")
+            names, missing = sorted(self.bad_images), sorted(self.missing_images)
+            message = too_many_bad_images(names, total, fraction, count, missing)
+            self.fail(f"{message} (reported by {self._where(ev.worker)})")
         elif state is not None and self.progress is not None and new:
-            self.progress.note(f"{len(new)} image(s) cannot be decoded and are skipped, e.g. {new[0]}")
+            self.progress.note(skipped_note(new, gone))
 
     def _on_start(self, ev: PoolEvent) -> None:
         state = self.active.get(ev.trial) if ev.trial is not None else None
@@ -594,7 +629,9 @@ class Master:
             self.retry_queue.append(state)
             logger.info(f"trial {state.trial_id} re-queued from epoch {keep} (attempt {state.attempt}): {ev.error}")
             return
-        status = TrialStatus.LOST if ev.worker_lost else TrialStatus.FAILED
+        status = TrialStatus.FAILED
+        if ev.worker_lost:
+            status = TrialStatus.UNRESPONSIVE if ev.unresponsive else TrialStatus.LOST
         logger.info(f"trial {state.trial_id} {status} on worker {ev.worker}: {ev.error}")
         self._record_end(state, status, ev.error, ev.worker, now)
         self.proposer.forget(state.trial_id)
@@ -642,6 +679,33 @@ class Master:
         logger.info(f"{self._where(ev.worker)} lost: {ev.error}")
         self._release_held(ev.worker)
         self._record_worker(ev.worker, retired_because=ev.error)
+        if ev.unresponsive and self.progress is not None:
+            self.progress.note(f"{self._where(ev.worker)} is {ev.error}; its trials go to other workers")
+
+    def _on_control_plane(self, ev: PoolEvent) -> None:
+        """Ray's control plane stopped answering (or answers again): noted now, recorded in run_stop.
+
+        Trials go on on the workers there are (their results do not pass through it); no worker
+        can be started or replaced meanwhile, and the run still ends at its budget.
+        """
+        now = self.clock()
+        began = max(0.0, now - float(ev.data.get("silent_s", 0.0)))
+        if not ev.data.get("answering"):
+            self._silent_from = began
+            if self.control_plane_silent_t is None:
+                self.control_plane_silent_t = began
+            text = (
+                f"Ray's control plane (GCS) stopped answering at t={began:.1f} s; trials go on on the workers there"
+                " are, and the run ends at its budget"
+            )
+        else:
+            self.control_plane_silent_s += now - (self._silent_from if self._silent_from is not None else began)
+            self._silent_from = None
+            text = f"Ray's control plane answers again (t={now:.1f} s)"
+        if self.progress is not None:
+            self.progress.note(text)
+        else:
+            logger.warning(text)
 
     # -- the end ---------------------------------------------------------------------------------
     def _record_worker(self, worker: str, retired_because: str) -> None:
@@ -687,16 +751,25 @@ class Master:
             self._close_all()
 
     def _close_all(self) -> None:
+        # Whose worker still answers decides how a trial it was training ends: stopped by the end of
+        # the run, or unresponsive (its worker stopped answering). Either way its completed epochs count.
+        silent = self.pool.unresponsive(FINAL_ANSWER_S) if self.active else {}
         now = self.clock()
         for state in [*self.active.values(), *self.retry_queue]:
             if state.recorded:
-                reason = (
-                    "the run ended while it was training; its unfinished epoch is not counted"
-                    if state.started
-                    else "the run ended before its re-queued attempt could start; its completed epochs are counted"
-                )
-                logger.info(f"trial {state.trial_id} stopped: {reason}")
-                self._record_end(state, TrialStatus.STOPPED, reason, state.worker, now)
+                status = TrialStatus.STOPPED
+                if not state.started:
+                    reason = "the run ended before its re-queued attempt could start; its completed epochs are counted"
+                elif state.worker in silent:
+                    status = TrialStatus.UNRESPONSIVE
+                    reason = (
+                        f"its worker stopped answering ({silent[state.worker]}); its completed epochs are counted,"
+                        " its unfinished epoch is not"
+                    )
+                else:
+                    reason = "the run ended while it was training; its unfinished epoch is not counted"
+                logger.info(f"trial {state.trial_id} {status}: {reason}")
+                self._record_end(state, status, reason, state.worker, now)
             self.proposer.forget(state.trial_id)
         self.active.clear()
         self.retry_queue.clear()
@@ -704,7 +777,8 @@ class Master:
         for worker, stats in final.items():
             self.worker_stats[worker] = stats
         for worker in self.worker_ready_t:
-            self._record_worker(worker, retired_because="run ended")
+            why = f"unresponsive at the run's end: {silent[worker]}" if worker in silent else "run ended"
+            self._record_worker(worker, retired_because=why)
 
 
 def epoch_record(report: EpochReport, **measured_here: Any) -> EpochRecord:

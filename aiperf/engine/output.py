@@ -15,6 +15,11 @@ Ctrl-S: the next write blocks once the pipe's 64 KiB are full). :class:`Output` 
 
 A terminal resize (SIGWINCH) needs nothing: Python restarts interrupted writes, and the
 progress line is redrawn from its start on every update.
+
+Everything written is made inert first (:func:`~aiperf.record.inert.inert_lines`): a control or
+format character that reached a printed line from a ledger, a config or a folder name shows as
+an escape (``\\x1b``, ``\\u202e``) instead of moving the cursor or reordering text. The one
+control sequence aiperf sends on purpose, the progress line's redraw, goes through :meth:`Output.redraw`.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ import sys
 import threading
 import time
 from typing import Any, TextIO
+
+from aiperf.record.inert import inert_lines
 
 
 class Output:
@@ -53,22 +60,30 @@ class Output:
         return self.stream is not None and self.failure is None
 
     def write(self, text: str) -> int:
+        """Write ``text`` with its control and format characters shown as escapes (line feeds and tabs kept)."""
+        return self._put(inert_lines(text), len(text))
+
+    def redraw(self, text: str) -> None:
+        """Go back to the start of the line, clear it and write ``text`` (made inert) there: a live status line."""
+        self._put("\r\033[K" + inert_lines(text), 0)
+
+    def _put(self, text: str, written: int) -> int:
         if not self.enabled or not text:
-            return len(text)
+            return written
         if self._queue is None:
             try:
                 self.stream.write(text)  # type: ignore[union-attr]
                 self.stream.flush()  # type: ignore[union-attr]
             except (OSError, ValueError) as exc:  # EPIPE, EIO, a closed file
                 self._switch_off(exc)
-            return len(text)
+            return written
         if self._thread is None:
             self._start()
         try:
             self._queue.put_nowait(text)
         except queue.Full:
             self.dropped += 1
-        return len(text)
+        return written
 
     def flush(self) -> None:
         """Writes flush themselves (a progress line must appear when it is printed)."""

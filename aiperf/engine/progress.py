@@ -4,7 +4,8 @@ Kept incrementally (running sums), so printing it costs nothing however long the
 On a terminal the line redraws in place; otherwise one line is printed per interval.
 
 It prints through an :class:`~aiperf.engine.output.Output`, so a closed, broken or stalled
-stdout can neither stop nor slow the run.
+stdout can neither stop nor slow the run, and a note quoting a worker's error or a file name
+stays on one line of its own (:func:`~aiperf.record.inert.inert`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import TextIO
 
 from aiperf.engine.output import Output, output
 from aiperf.metrics.score import format_ops
+from aiperf.record.inert import inert
 
 
 def format_elapsed(seconds: float) -> str:
@@ -50,11 +52,11 @@ class Progress:
 
     def trial_failed(self, trial: str, error: str) -> None:
         self.failed += 1
-        self._emit(f"trial {trial} failed: {error}", newline=True)
+        self._emit(f"trial {inert(trial)} failed: {inert(error)}", newline=True)
 
     def note(self, text: str) -> None:
         """Something the person watching should know now (a worker that failed to start, skipped images)."""
-        self._emit(text, newline=True)
+        self._emit(inert(text), newline=True)
 
     def line(self, t: float, running: int, queued: int = 0) -> str:
         ops = self.ops / self.last_epoch_t if self.last_epoch_t > 0 else 0.0
@@ -73,7 +75,7 @@ class Progress:
 
     def _emit(self, text: str, newline: bool = False) -> None:
         if self.tty and not newline:
-            self.stream.write("\r\033[K" + text)
+            self.stream.redraw(text)
         else:
             self.stream.write(("\n" if self.tty else "") + text + "\n")
 

@@ -16,20 +16,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
+from aiperf import cli_limits as limits
 from aiperf.config import MAX_SEED, Config
 from aiperf.errors import AiperfError, os_error
 from aiperf.metrics.repeats import Spread, format_spread, spread
 from aiperf.metrics.score import format_ops
 from aiperf.record.files import write_atomic
+from aiperf.record.inert import inert
 
-MAX_REPEATS = 100
+MAX_REPEATS = limits.REPEAT.high
 FIGURES = ("ops_per_s", "regulated", "best_val_acc")
 
 
 def repeat_seeds(cfg: Config, count: int) -> list[int]:
     """The seeds of ``count`` runs from ``cfg.run.seed`` on, checked before any run starts."""
-    if not 1 <= count <= MAX_REPEATS:
-        raise AiperfError(f"--repeat must be from 1 to {MAX_REPEATS}, got {count}")
+    limits.REPEAT.check(count)
     last = cfg.run.seed + count - 1
     if last > MAX_SEED:
         raise AiperfError(
@@ -49,7 +50,7 @@ def combine(summaries: list[dict[str, Any]]) -> dict[str, Spread]:
 
 
 def format_repeats(name: str, seeds: list[int], spreads: dict[str, Spread]) -> str:
-    lines = [f"aiperf: {len(seeds)} run(s) of {name}, seeds {', '.join(map(str, seeds))}:"]
+    lines = [f"aiperf: {len(seeds)} run(s) of {inert(name)}, seeds {', '.join(map(str, seeds))}:"]
     shows: dict[str, tuple[str, Callable[[float], str]]] = {
         "ops_per_s": ("OPS", format_ops),
         "regulated": ("regulated", format_ops),

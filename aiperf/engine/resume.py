@@ -96,6 +96,11 @@ class ResumePoint:
     def bad_images(self) -> set[str]:
         return {f for r in of_type(self.records, BadImagesRecord) for f in r.files}
 
+    @property
+    def missing_images(self) -> set[str]:
+        """Of :attr:`bad_images`, the files that were gone (deleted since the run began)."""
+        return {f for r in of_type(self.records, BadImagesRecord) for f in r.missing}
+
 
 def proposal_from_record(rec: TrialStartRecord) -> TrialProposal:
     """The proposal a trial_start record describes, as the search made it."""

@@ -26,6 +26,7 @@ from aiperf.engine.weights import WeightStore
 from aiperf.errors import AiperfError, os_error
 from aiperf.logs import through
 from aiperf.record.files import remove_temporaries
+from aiperf.record.inert import inert
 from aiperf.record.ledger import LEDGER_NAME
 from aiperf.record.schema import DatasetHeader, Record, RunStartRecord
 
@@ -137,7 +138,7 @@ def run_benchmark(
         locks.append(RunLock(run_dir).acquire("aiperf run --resume"))  # before the ledger is read for appending
         note = takeover_note(locks[0].previous)
         if note:
-            print(f"aiperf: {note}", file=out)
+            print(f"aiperf: {inert(note)}", file=out)
         previous = read_resumable(run_dir)
         for folder in (run_dir, run_dir / WEIGHTS_DIR):
             remove_temporaries(folder)
@@ -178,7 +179,7 @@ def _run(
     session = start_ray(address or cfg.cluster.address)
     try:
         nodes, plan = _size(cfg, dataset, out)
-        proposer = make_search(cfg, seed_graph, plan.batch_size)
+        proposer = make_search(cfg, seed_graph, plan.batch_size, dataset)
         if previous:
             assert run_dir is not None
             run_id = run_start(previous).run_id
@@ -187,7 +188,9 @@ def _run(
             locks.append(_lock(run_dir))
         _session(cfg, run_dir, run_id, dataset, seed_graph, nodes, plan, proposer, previous, out)
     finally:
-        session.shutdown()
+        forced = session.shutdown()  # bounded: a silent control plane cannot hold the run's end
+        if forced:
+            logger.warning(forced)
     if out.failure is not None:
         why = _reason(out.failure)
         logger.warning(f"progress output stopped ({why}); the run went on and its results are complete")
@@ -278,7 +281,11 @@ def _session(
             cfg, run_id=run_id, plan=plan, dataset=described, system=system, backend=backend, seed_graph=seed_graph
         )
     progress = Progress(cfg.run.progress_interval_s, cfg.run.time_budget_s, out)
-    print(f"aiperf: run {run_id}: searching for {cfg.run.time_budget_s:g} s; ledger {run_dir / LEDGER_NAME}", file=out)
+    print(
+        f"aiperf: run {inert(run_id)}: searching for {cfg.run.time_budget_s:g} s;"
+        f" ledger {inert(run_dir / LEDGER_NAME)}",
+        file=out,
+    )
     pool = RayWorkerPool.for_config(cfg, plan, dataset, nodes, compile_cache=str(run_dir / COMPILE_CACHE_DIR))
     run = open_session(
         cfg,
@@ -326,6 +333,6 @@ def _after_run(run_dir: Path, out: Output) -> None:
 
     try:
         path = write_report(run_dir)
-        print(f"aiperf: report {path}", file=out, flush=True)
+        print(f"aiperf: report {inert(path)}", file=out, flush=True)
     except AiperfError as exc:
-        print(f"aiperf: report not written: {exc}", file=out, flush=True)
+        print(f"aiperf: report not written: {inert(exc)}", file=out, flush=True)

@@ -29,6 +29,7 @@ from typing import Any
 
 import pandas as pd
 
+from aiperf import cli_limits as limits
 from aiperf.config import Config, load_config
 from aiperf.errors import AiperfError
 from aiperf.metrics.score import format_ops
@@ -85,6 +86,12 @@ def simulate_run(
     sim = sim or SimulationSettings()
     if nodes < 1 or sim.workers_per_node < 1:
         raise AiperfError(f"a simulated run needs at least one node and one worker per node, got {nodes} nodes")
+    limits.NODES.check(nodes)
+    if nodes * sim.workers_per_node > limits.SIMULATED_WORKERS_MAX:  # before the pool allocates per worker
+        raise AiperfError(
+            f"{nodes:,} nodes x {sim.workers_per_node} workers is more than the simulator's "
+            f"{limits.SIMULATED_WORKERS_MAX:,} workers"
+        )
     batch = cfg.train.batch_size if isinstance(cfg.train.batch_size, int) else 64
     clock = HybridClock()
     pool = SimulatedWorkerPool(
@@ -265,8 +272,10 @@ def scaling_command(
     output: str | None,
 ) -> str:
     """Run the study and write its table and plot; returns the text the CLI prints."""
-    if not counts or min(counts) < 1:
-        raise AiperfError("--nodes: give at least one positive node count")
+    if not counts or len(counts) > limits.NODE_SIZES_MAX:
+        raise AiperfError(f"--nodes: give from 1 to {limits.NODE_SIZES_MAX} node counts")
+    for n in counts:
+        limits.NODES.check(n)
     cfg = load_config(config, overrides)
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     out_dir = Path(output) if output else Path(cfg.run.results_dir) / f"scaling-{stamp}"

@@ -1,16 +1,20 @@
 """The search a config asks for: its seed architecture, its limits, its proposer.
 
 Real runs, resumed runs, simulated runs and the benchmarks build their search here, so the
-same config always searches the same way.
+same config always searches the same way. A trial never asks for a batch larger than the
+training images an epoch surely delivers (every training batch is full): batch sizes above
+that are dropped from the search space here, once, with a warning saying why.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import TYPE_CHECKING
 
 from aiperf.config import Config
 from aiperf.datasets import Dataset
+from aiperf.datasets.bad_images import largest_full_batch
 from aiperf.errors import AiperfError
 from nas.errors import NasError
 from nas.graph import Graph
@@ -20,6 +24,8 @@ if TYPE_CHECKING:
     from nas.limits import Limits
     from nas.schedule import SizeSchedule
     from nas.search import SearchSettings
+
+logger = logging.getLogger(__name__)
 
 
 def seed_architecture(cfg: Config, dataset: Dataset) -> Graph:
@@ -53,13 +59,50 @@ def _seed_graph(cfg: Config, dataset: Dataset) -> Graph:
         raise AiperfError(f"model.seed_architecture: {exc}") from None
 
 
-def search_settings(cfg: Config, plan_batch: int) -> SearchSettings:
-    """The search part of a config; ``plan_batch`` is the plan's batch size (the default of every trial)."""
+def batch_choices(cfg: Config, plan_batch: int, largest: int | None = None) -> tuple[list[int], int]:
+    """(the batch sizes TPE picks from, the default trial batch size), none above ``largest``.
+
+    ``largest`` is the biggest batch an epoch fills (:func:`largest_full_batch`); a config
+    whose sizes all exceed it gets ``largest`` itself, so every trial trains.
+    """
+    sizes = sorted({b for b in cfg.hpo.batch_sizes if b <= cfg.train.max_batch_size}) or [plan_batch]
+    if largest is None:
+        return sizes, plan_batch
+    fitting = [b for b in sizes if b <= largest] or [largest]
+    return fitting, plan_batch if plan_batch <= largest else fitting[-1]
+
+
+def _batch_note(cfg: Config, plan_batch: int, dataset: Dataset, largest: int) -> str | None:
+    """Why the config's batch sizes were cut for this dataset (None when none was)."""
+    sizes, default = batch_choices(cfg, plan_batch)
+    over = [str(b) for b in sizes if b > largest]
+    parts = [f"hpo.batch_sizes {', '.join(over)}"] if over else []
+    if default > largest:
+        parts.append(f"the plan's batch size {default}")
+    if not parts:
+        return None
+    kept, default = batch_choices(cfg, plan_batch, largest)
+    skippable = dataset.train_size - largest
+    delivered = (
+        f"the {largest:,} training images every epoch surely delivers ({dataset.train_size:,} in the split, less "
+        f"the {skippable:,} that dataset.max_bad_fraction={cfg.dataset.max_bad_fraction:g} lets be skipped)"
+        if skippable
+        else f"the {largest:,} training images"
+    )
+    return (
+        f"{' and '.join(parts)} cannot be filled by {delivered}; a training batch must be full, so "
+        f"trials use batch sizes {', '.join(map(str, kept))} (default {default})"
+    )
+
+
+def search_settings(cfg: Config, plan_batch: int, largest_batch: int | None = None) -> SearchSettings:
+    """The search part of a config; ``plan_batch`` is the plan's batch size (the default of every trial),
+    ``largest_batch`` the biggest batch a trial may ask for (None: no bound)."""
     from nas.hpo import HyperparameterSpace
     from nas.search import SearchSettings
 
     h = cfg.hpo
-    batch_sizes = sorted({b for b in h.batch_sizes if b <= cfg.train.max_batch_size}) or [plan_batch]
+    batch_sizes, plan_batch = batch_choices(cfg, plan_batch, largest_batch)
     space = HyperparameterSpace(
         learning_rate=h.learning_rate,
         weight_decay=h.weight_decay,
@@ -90,8 +133,11 @@ def search_settings(cfg: Config, plan_batch: int) -> SearchSettings:
     )
 
 
-def make_search(cfg: Config, seed_graph: Graph, plan_batch: int) -> Proposer:
-    """The proposer for this config: BO or random architecture search interleaved with TPE."""
+def make_search(cfg: Config, seed_graph: Graph, plan_batch: int, dataset: Dataset | None = None) -> Proposer:
+    """The proposer for this config: BO or random architecture search interleaved with TPE.
+
+    With the ``dataset`` the trials will train on, no trial asks for a batch its epochs cannot fill.
+    """
     from aiperf.metrics.flops import count_flops
     from nas.limits import Limits
     from nas.search import make_proposer
@@ -105,7 +151,14 @@ def make_search(cfg: Config, seed_graph: Graph, plan_batch: int) -> Proposer:
     reason = limits.reason(seed_graph)
     if reason:
         raise AiperfError(f"the seed architecture is already over a search limit: {reason}")
-    return make_proposer(search_settings(cfg, plan_batch), seed_graph, limits, size_schedule(cfg, seed_graph, limits))
+    largest = None
+    if dataset is not None:
+        largest = largest_full_batch(dataset, cfg.dataset.max_bad_fraction)
+        note = _batch_note(cfg, plan_batch, dataset, largest)
+        if note:
+            logger.warning(note)
+    settings = search_settings(cfg, plan_batch, largest)
+    return make_proposer(settings, seed_graph, limits, size_schedule(cfg, seed_graph, limits))
 
 
 def size_schedule(cfg: Config, seed_graph: Graph, limits: Limits) -> SizeSchedule | None:

@@ -10,6 +10,11 @@ each file's SHA-256 and size are known the moment it is written (:meth:`WeightSt
 so the master can record them in the ledger and a file swapped afterwards is detected. When
 one cannot be written (a full disk) the set stays in memory, no partial file is left, the run
 goes on, and the problem is logged once per cause as a warning.
+
+A stored file is read back (``--resume``, ``aiperf audit``) from its headers first: the zip's
+declared sizes and each ``.npy`` member's shape and dtype are checked against the architecture
+(or, without one, against the absolute caps below) before any array is unpacked, so a small file
+that declares a huge array fails by name instead of taking the machine's memory.
 """
 
 from __future__ import annotations
@@ -19,21 +24,43 @@ import errno
 import hashlib
 import io
 import logging
+import math
 import os
 import stat
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from aiperf.errors import first_line, os_error
+from aiperf.archives import open_zip
+from aiperf.errors import AiperfError, excerpt, first_line, os_error
 from aiperf.record.files import write_atomic
+
+if TYPE_CHECKING:
+    from nas.graph import Graph
 
 logger = logging.getLogger(__name__)
 
 Weights = dict[int, list[np.ndarray]]
+
+# Every array a weights file holds: get_weights() stores float32 whatever the precision policy.
+WEIGHTS_DTYPE = np.dtype("<f4")
+# Array bytes a weights file may hold whatever its architecture: 2.5x the float32 weights of the
+# largest search space shipped (imagenet.yaml's max_params 100 M = 400 MB).
+MAX_WEIGHTS_BYTES = 1 << 30
+# Arrays a weights file may hold: 8x imagenet.yaml's 200 weighted layers with a 4-array BN beside each.
+MAX_WEIGHTS_MEMBERS = 10_000
+# Per array, on top of its data: a zip entry's local and central headers with their name and zip64
+# extras (~150 bytes) plus the .npy header numpy pads to 64 bytes (at most numpy's 10,000 for a parse).
+MEMBER_SLACK_BYTES = 10_240
+# On top of the arrays: the zip's end-of-central-directory records.
+FILE_SLACK_BYTES = 1 << 16
+
+
+class WeightsFileError(AiperfError):
+    """A stored weights file that is not (or does not declare) the weights of its architecture."""
 
 
 @dataclass(frozen=True)
@@ -86,14 +113,144 @@ def save_weights(weights: Weights, path: Path) -> tuple[str, int]:
     return hashlib.sha256(data).hexdigest(), len(data)
 
 
-def load_weights(path: Path) -> Weights:
-    out: Weights = {}
-    with np.load(path) as data:
-        keys = sorted(data.files, key=lambda k: (int(k.split(":")[0]), int(k.split(":")[1])))
-        for key in keys:
-            node = int(key.split(":")[0])
-            out.setdefault(node, []).append(data[key])
-    return out
+def expected_arrays(graph: Graph) -> dict[str, tuple[int, ...]]:
+    """The arrays a weights file of ``graph`` holds, by member name (``node:index``), with their shapes."""
+    return {
+        f"{n.id}:{k}": tuple(int(d) for d in shape)
+        for n in graph.nodes
+        for k, shape in enumerate(graph.weight_shapes(n.id))
+    }
+
+
+@dataclass(frozen=True)
+class _Member:
+    info: zipfile.ZipInfo
+    node: int
+    index: int
+
+
+def _member_key(name: str) -> tuple[int, int] | None:
+    """``(node, index)`` of a member named ``node:index.npy`` as ``np.savez`` writes it, else None."""
+    stem = name.removesuffix(".npy")
+    node, sep, index = stem.partition(":")
+    if name == stem or not sep or not (node.isdigit() and index.isdigit()) or len(stem) > 40:
+        return None
+    return int(node), int(index)
+
+
+def _npy_header(fh: Any) -> tuple[tuple[int, ...], np.dtype, int]:
+    """Shape, dtype and data offset of the ``.npy`` stream ``fh`` (reads its header only; numpy caps it)."""
+    version = np.lib.format.read_magic(fh)
+    if version == (1, 0):
+        shape, _, dtype = np.lib.format.read_array_header_1_0(fh)
+    elif version == (2, 0):
+        shape, _, dtype = np.lib.format.read_array_header_2_0(fh)
+    else:
+        raise ValueError(f".npy format version {version} is not one numpy writes for arrays like these")
+    return tuple(shape), dtype, fh.tell()
+
+
+def _array_bytes_cap(graph: Graph | None) -> tuple[int, str]:
+    """The most array bytes a weights file of ``graph`` may hold, and what that is (for a message)."""
+    if graph is not None:
+        need = graph.param_count * WEIGHTS_DTYPE.itemsize
+        if need <= MAX_WEIGHTS_BYTES:
+            return need, f"the {need:,} bytes the architecture's {graph.param_count:,} float32 parameters take"
+    return MAX_WEIGHTS_BYTES, f"the {MAX_WEIGHTS_BYTES:,} bytes a weights file may hold"
+
+
+def _check_members(zf: zipfile.ZipFile, label: str, graph: Graph | None) -> list[_Member]:
+    """Every member checked from the zip's and the ``.npy`` headers; nothing is unpacked.
+
+    With ``graph``: the members are exactly its arrays, each of its shape, as float32. Without
+    (``--resume``'s reload, which inherits through a replay that checks shapes itself): well-named
+    float32 arrays within the absolute caps.
+    """
+    want = expected_arrays(graph) if graph is not None else None
+    infos = zf.infolist()
+    most = len(want) if want is not None else MAX_WEIGHTS_MEMBERS
+    if len(infos) > most:
+        needs = f"the architecture has {most:,} arrays" if want is not None else f"at most {most:,} are read"
+        raise WeightsFileError(f"{label}: holds {len(infos):,} members, {needs}")
+    cap, whose = _array_bytes_cap(graph)
+    declared = sum(i.file_size for i in infos)
+    if declared > cap + MEMBER_SLACK_BYTES * len(infos):
+        raise WeightsFileError(f"{label}: its members declare {declared:,} bytes unpacked, more than {whose}")
+    members: list[_Member] = []
+    seen: set[str] = set()
+    for info in infos:
+        key = _member_key(info.filename)
+        name = excerpt(info.filename.removesuffix(".npy"))
+        if key is None:
+            raise WeightsFileError(f"{label}: member {name} is not an array named node:index.npy")
+        stem = f"{key[0]}:{key[1]}"
+        if stem in seen:
+            raise WeightsFileError(f"{label}: member '{stem}' appears twice")
+        seen.add(stem)
+        if want is not None and stem not in want:
+            raise WeightsFileError(f"{label}: member '{stem}' is not an array of the architecture")
+        if info.flag_bits & 0x1 or info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+            raise WeightsFileError(f"{label}: member '{stem}' is encrypted or compressed in a way numpy never writes")
+        with zf.open(info) as fh:
+            shape, dtype, offset = _npy_header(fh)
+        if dtype != WEIGHTS_DTYPE:
+            raise WeightsFileError(f"{label}: member '{stem}' declares dtype {excerpt(str(dtype))}, not float32")
+        if any(d < 0 for d in shape):
+            raise WeightsFileError(f"{label}: member '{stem}' declares a negative dimension {shape}")
+        count = math.prod(shape)
+        if want is not None and shape != want[stem]:
+            need = math.prod(want[stem])
+            if count != need:
+                raise WeightsFileError(
+                    f"{label}: member '{stem}' declares {count:,} elements, the architecture needs {need:,}"
+                )
+            raise WeightsFileError(f"{label}: member '{stem}' has shape {shape}, the architecture needs {want[stem]}")
+        nbytes = count * WEIGHTS_DTYPE.itemsize
+        if nbytes > cap:
+            raise WeightsFileError(f"{label}: member '{stem}' declares {count:,} elements, more than {whose}")
+        if info.file_size != offset + nbytes:
+            raise WeightsFileError(
+                f"{label}: member '{stem}' declares {count:,} elements but {info.file_size:,} bytes unpacked,"
+                f" not the {offset + nbytes:,} they take"
+            )
+        members.append(_Member(info, *key))
+    if want is not None and len(seen) != len(want):
+        missing = next(k for k in want if k not in seen)
+        raise WeightsFileError(f"{label}: has no member '{missing}', an array of the architecture")
+    return members
+
+
+def load_weights(path: Path, graph: Graph | None = None, name: str | None = None) -> Weights:
+    """Read a weights file back, checked from its headers first (see the module docstring).
+
+    ``graph`` is the architecture the file must hold the weights of; ``name`` names the file in
+    messages (its path by default). Raises :class:`WeightsFileError` for a file that is not such
+    weights (or that runs out of memory anyway), ``OSError`` when it cannot be read.
+    """
+    label = name or str(path)
+    try:
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):  # a FIFO would block the reads below
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        size = info.st_size
+        most = len(expected_arrays(graph)) if graph is not None else MAX_WEIGHTS_MEMBERS
+        cap = _array_bytes_cap(graph)[0] + most * MEMBER_SLACK_BYTES + FILE_SLACK_BYTES
+        if size > cap:
+            raise WeightsFileError(f"{label}: {size:,} bytes, more than a weights file of at most {cap:,}")
+        out: Weights = {}
+        with open_zip(path, label, MAX_WEIGHTS_MEMBERS, WeightsFileError) as zf:
+            members = _check_members(zf, label, graph)
+            for m in sorted(members, key=lambda m: (m.node, m.index)):
+                with zf.open(m.info) as fh:  # unpacks at most the declared size checked above
+                    out.setdefault(m.node, []).append(np.lib.format.read_array(fh, allow_pickle=False))
+        for m in members:  # without an architecture to compare with, the numbering at least has no gap
+            if m.index >= len(out[m.node]):
+                raise WeightsFileError(f"{label}: node {m.node}'s arrays are not numbered 0, 1, 2, ...")
+        return out
+    except MemoryError:
+        raise WeightsFileError(f"{label}: ran out of memory reading the weights file") from None
+    except (ValueError, KeyError, EOFError, RuntimeError, NotImplementedError, zipfile.BadZipFile) as exc:
+        raise WeightsFileError(f"{label}: not a readable weights file ({first_line(exc, 160)})") from None
 
 
 class WeightStore:
@@ -179,10 +336,10 @@ class WeightStore:
             if trial in scores and trial not in self._weights:
                 try:
                     self._weights[trial] = load_weights(path)
-                except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+                except (OSError, WeightsFileError) as exc:
+                    why = str(exc) if isinstance(exc, WeightsFileError) else f"{path}: {first_line(exc, 120)}"
                     logger.warning(
-                        f"{path}: kept weights cannot be read back ({first_line(exc, 120)}); "
-                        f"trials that would inherit from {trial} start from scratch"
+                        f"kept weights cannot be read back: {why}; trials inheriting from {trial} start from scratch"
                     )
                     skipped.append(f"{path.parent.name}/{path.name}")
                     continue

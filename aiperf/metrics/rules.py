@@ -20,7 +20,16 @@ from typing import TYPE_CHECKING, TypedDict
 from aiperf.errors import AiperfError
 from aiperf.metrics.score import Score, compute_score
 from aiperf.metrics.workloads import NOT_COMPARABLE, OFFICIAL_WORKLOAD, identify
-from aiperf.record.schema import EpochRecord, Record, RecordType, RunStartRecord, RunStopRecord, of_type
+from aiperf.record.schema import (
+    EpochRecord,
+    Record,
+    RecordType,
+    RunStartRecord,
+    RunStatus,
+    RunStopRecord,
+    of_type,
+    run_records,
+)
 
 if TYPE_CHECKING:
     from aiperf.config import RulesConfig
@@ -201,21 +210,32 @@ def _real_training_rule(start: RunStartRecord) -> RuleResult:
 
 def _recorded_end_rule(records: list[Record]) -> RuleResult:
     # A ledger cut after its best prefix (``head -n 78``) has an intact chain; it has no run_stop.
-    last = records[-1] if records else None
+    ran = run_records(records)  # an audit appended after the end is not the run's end
+    last = ran[-1] if ran else None
+    required = f"{RecordType.RUN_STOP.value} ({RunStatus.COMPLETED.value})"
     if isinstance(last, RunStopRecord):
         status = last.status.value
+        if last.status == RunStatus.COMPLETED:
+            return RuleResult(
+                RECORDED_END_RULE,
+                True,
+                f"run_stop ({status})",
+                required,
+                f"the run recorded its end (run_stop, {status})",
+            )
+        why = f": {last.reason}" if last.reason else ""
         return RuleResult(
             RECORDED_END_RULE,
-            True,
+            False,
             f"run_stop ({status})",
-            RecordType.RUN_STOP.value,
-            f"the run recorded its end (run_stop, {status})",
+            required,
+            f"the run ended {status}{why}; only a completed run is valid (an interrupted one can be resumed)",
         )
     return RuleResult(
         RECORDED_END_RULE,
         False,
         "no run_stop",
-        RecordType.RUN_STOP.value,
+        required,
         "the ledger does not end with run_stop: the run was interrupted and not resumed, or the ledger was cut short",
     )
 

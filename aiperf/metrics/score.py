@@ -2,8 +2,10 @@
 
 Only completed epochs count: each ``epoch`` record carries the operations of that epoch,
 so work in progress when the run stopped, and the lost partial epoch of a re-queued
-trial, are simply absent. The rate divides by the master's clock at the last completed
-epoch, so idle time after the last useful result does not dilute it. The regulated
+trial, are simply absent. The rate divides by the run's elapsed time on the master's clock
+to its recorded end (its final ``run_stop``), downtime between a crash and its resume
+included, so a crash or a stall can only lower the score; a ledger without a recorded end
+(a run in progress, a ledger cut short) is scored to its last completed epoch. The regulated
 score multiplies the rate by ``|ln(1 - best accuracy)|`` as AIPerf did, so a run cannot
 score by computing fast and learning nothing.
 """
@@ -16,7 +18,16 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import TypedDict
 
-from aiperf.record.schema import EpochRecord, Record, TrialEndRecord, TrialStartRecord, TrialStatus, of_type
+from aiperf.record.schema import (
+    EpochRecord,
+    Record,
+    RunStopRecord,
+    TrialEndRecord,
+    TrialStartRecord,
+    TrialStatus,
+    of_type,
+    run_records,
+)
 
 MAX_ACCURACY = 1.0 - 1e-9  # keeps the quality factor finite for a perfect score
 TIMELINE_POINTS = 100
@@ -72,12 +83,14 @@ def _number(value: float | None) -> float:
 
 
 def compute_score(records: Iterable[Record]) -> Score:
-    """The score of a ledger (its records in file order)."""
-    records = list(records)
+    """The score of a ledger (its records in file order; audit records after its end are not the run's)."""
+    records = run_records(list(records))
     epochs = of_type(records, EpochRecord)
     total = sum(_number(r.ops) for r in epochs)
     aiperf = sum(_number(r.aiperf_ops) for r in epochs)
     wall = max((float(r.t) for r in epochs), default=0.0)
+    if records and isinstance(records[-1], RunStopRecord):  # the recorded end: the run's elapsed time
+        wall = max(wall, float(records[-1].t))
     # val_acc is required by the record's shape; a record built without validation may still lack one.
     accuracies = [float(r.val_acc) for r in epochs if r.val_acc is not None]
     best = max(accuracies) if accuracies else None
@@ -104,8 +117,9 @@ def compute_score(records: Iterable[Record]) -> Score:
 def score_timeline(records: Iterable[Record], interval_s: float | None = None) -> list[TimelinePoint]:
     """The score as it would have been had the run stopped at regular times (default ~100 points).
 
-    Each point ``t`` counts the epochs completed by ``t`` and divides by the master clock
-    at the last of them, exactly as :func:`compute_score` does for a ledger cut at ``t``.
+    Each point ``t`` counts the epochs completed by ``t`` and divides by ``t``, as
+    :func:`compute_score` does for a run whose recorded end is ``t``; the last point, at the
+    ledger's last record, is the run's score.
     """
     records = list(records)
     end = max((float(r.t) for r in records), default=0.0)
@@ -132,9 +146,8 @@ def score_timeline(records: Iterable[Record], interval_s: float | None = None) -
         t = min(k * interval_s, end)
         done = bisect.bisect_right(epoch_t, t)
         total = cumulative[done - 1] if done else 0.0
-        wall = epoch_t[done - 1] if done else 0.0
         acc = best_so_far[done - 1] if done else None
-        rate = _rate(total, wall)
+        rate = _rate(total, t)
         points.append(
             {
                 "t": t,

@@ -16,7 +16,7 @@ import errno
 import os
 import secrets
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -58,13 +58,13 @@ def write_atomic(path: str | Path, data: bytes | Callable[[BinaryIO], None]) -> 
         raise
 
 
-def read_regular(path: str | Path, limit: int | None = None) -> bytes:
-    """The bytes of a regular file, at most ``limit + 1`` of them (so an oversize file can be told).
+def open_regular(path: str | Path) -> BinaryIO:
+    """A regular file opened for reading; anything else raises ``OSError`` without reading.
 
     A run directory may come from someone else (a published result): a ``ledger.jsonl``
     that is a FIFO would block a reader for ever and a link to ``/dev/zero`` would fill its
     memory, so anything but a regular file raises ``OSError`` (``EINVAL``, "not a regular
-    file") without reading. Opened non-blocking, which a regular file ignores.
+    file"). Opened non-blocking, which a regular file ignores.
     """
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     try:
@@ -73,10 +73,46 @@ def read_regular(path: str | Path, limit: int | None = None) -> bytes:
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
         if not stat.S_ISREG(info.st_mode):
             raise OSError(errno.EINVAL, "not a regular file", str(path))
-        with os.fdopen(fd, "rb", closefd=False) as fh:
-            return fh.read() if limit is None else fh.read(limit + 1)
-    finally:
+        return os.fdopen(fd, "rb")
+    except BaseException:
         os.close(fd)
+        raise
+
+
+def read_regular(path: str | Path, limit: int | None = None) -> bytes:
+    """A regular file's bytes (:func:`open_regular`), at most ``limit + 1`` (so an oversize file can be told)."""
+    with open_regular(path) as fh:
+        return fh.read() if limit is None else fh.read(limit + 1)
+
+
+class LineTooLong(ValueError):
+    """A line of a record file is longer than its reader's limit: no writer of ours made it."""
+
+    def __init__(self, offset: int, line: int, limit: int) -> None:
+        super().__init__(f"line {line} (at byte {offset:,}) is longer than {limit:,} bytes")
+        self.offset = offset
+        self.line = line
+        self.limit = limit
+
+
+def bounded_lines(fh: BinaryIO, limit: int) -> Iterator[tuple[int, int, bytes]]:
+    """``(line number, byte offset, line)`` for each line of ``fh``, newline kept; a line over ``limit`` bytes raises
+    :class:`LineTooLong` after reading at most ``limit + 1`` bytes of it.
+
+    So a reader's memory is bounded by its record size, not by what a file's tail claims
+    (a 1 GB line of zeros after the last record is refused, not read).
+    """
+    offset = 0
+    number = 0
+    while True:
+        line = fh.readline(limit + 1)
+        if not line:
+            return
+        number += 1
+        if len(line) > limit:
+            raise LineTooLong(offset, number, limit)
+        yield number, offset, line
+        offset += len(line)
 
 
 def remove_temporaries(folder: str | Path) -> list[Path]:

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from aiperf.errors import AiperfError, os_error
-from aiperf.record.files import read_regular
+from aiperf.record.files import LineTooLong, bounded_lines, open_regular
 from aiperf.record.schema import HEADER, Record, RecordT, parse_records
 
 logger = logging.getLogger(__name__)
@@ -45,6 +45,9 @@ logger = logging.getLogger(__name__)
 LEDGER_NAME = "ledger.jsonl"
 SLOW_SYNC_S = 1.0  # an fsync slower than this is storage the run should hear about (NFS under load, a dying disk)
 MAX_RECORD_DEPTH = 32  # real records nest at most 6 levels (a trial's graph); JSON libraries recurse
+# The longest line a reader accepts. The longest records are a run_start of 16,384 nodes (its plan,
+# about 3 MB) and a trial_start of a graph at the layer limit (under 1 MB).
+MAX_RECORD_BYTES = 16 << 20
 
 
 class LedgerWriteError(AiperfError):
@@ -262,40 +265,55 @@ def _ledger_path(path: str | Path) -> Path:
 
 
 def read_ledger_contents(path: str | Path) -> LedgerContents:
-    """Parse a ledger file; a torn final line is left out and measured, anything else malformed is an error."""
+    """Parse a ledger file; a torn final line is left out and measured, anything else malformed is an error.
+
+    Read line by line with at most ``MAX_RECORD_BYTES`` per line: a longer line (a sparse 1 GB
+    tail, a forged record) is refused by its offset before it is held in memory.
+    """
     path = _ledger_path(path)
     try:
-        data = read_regular(path)
+        fh = open_regular(path)
     except FileNotFoundError:
         raise AiperfError(f"{path}: no ledger here (is this a run directory?)") from None
     except OSError as exc:
         raise os_error(exc, path, "read the ledger") from None
     records: list[dict[str, Any]] = []
-    end = 0
-    offset = 0
-    lines = data.split(b"\n")
-    for k, line in enumerate(lines):
-        start, offset = offset, offset + len(line) + 1
-        if not line.strip():
-            continue
-        last = k == len(lines) - 1  # no newline after it: possibly torn by a crash
+    end = 0  # just after the last complete record
+    size = 0  # bytes read so far: the file's size once the loop ends
+    bad: tuple[int, AiperfError] | None = None  # a malformed line: torn only if nothing but blanks follows
+    with fh:
         try:
-            record = json.loads(line, parse_constant=_reject_constant)
-        except RecursionError:
-            raise AiperfError(f"{path}: line {k + 1} is nested too deeply to be a ledger record") from None
-        except ValueError:  # not JSON, not UTF-8, NaN/Infinity, an integer of more than 4,300 digits
-            if last or all(not rest.strip() for rest in lines[k + 1 :]):
-                return LedgerContents(records, end, len(data), len(data) - start)
-            raise AiperfError(f"{path}: line {k + 1} is not valid JSON") from None
-        if last and not data.endswith(b"\n"):
-            return LedgerContents(records, end, len(data), len(data) - start)
-        if not isinstance(record, dict):
-            raise AiperfError(f"{path}: line {k + 1} is not a JSON object")
-        if _too_deep(line):
-            raise AiperfError(f"{path}: line {k + 1} nests more than {MAX_RECORD_DEPTH} levels deep")
-        records.append(record)
-        end = offset
-    return LedgerContents(records, end, len(data), 0)
+            for number, start, line in bounded_lines(fh, MAX_RECORD_BYTES):
+                size = start + len(line)
+                if not line.strip():
+                    continue
+                if bad is not None:
+                    raise bad[1]
+                if not line.endswith(b"\n"):  # the last line, with no newline: cut short by a crash
+                    return LedgerContents(records, end, size, size - start)
+                try:
+                    record = json.loads(line, parse_constant=_reject_constant)
+                except RecursionError:
+                    raise AiperfError(f"{path}: line {number} is nested too deeply to be a ledger record") from None
+                except ValueError:  # not JSON, not UTF-8, NaN/Infinity, an integer of more than 4,300 digits
+                    bad = (start, AiperfError(f"{path}: line {number} is not valid JSON"))
+                    continue
+                if not isinstance(record, dict):
+                    raise AiperfError(f"{path}: line {number} is not a JSON object")
+                if _too_deep(line):
+                    raise AiperfError(f"{path}: line {number} nests more than {MAX_RECORD_DEPTH} levels deep")
+                records.append(record)
+                end = size
+        except LineTooLong as exc:
+            raise AiperfError(
+                f"{path}: the line at byte {exc.offset:,} (after {len(records)} record(s)) is longer than "
+                f"{exc.limit:,} bytes, the most a ledger record may hold: not a record aiperf writes"
+            ) from None
+        except OSError as exc:
+            raise os_error(exc, path, "read the ledger") from None
+    if bad is not None:
+        return LedgerContents(records, end, size, size - bad[0])
+    return LedgerContents(records, end, size, 0)
 
 
 def read_raw_ledger(path: str | Path, repair: bool = False) -> list[dict[str, Any]]:

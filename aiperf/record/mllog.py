@@ -220,7 +220,7 @@ class MLLogRenderer:
 
     def _run_stop(self, rec: RunStopRecord) -> list[Event]:
         out = self._close_all(rec)
-        score = compute_score(self.epochs)
+        score = compute_score([*self.epochs, rec])  # divided by the run's recorded end, as the summary's
         reached = (
             score.best_val_acc is not None and self.min_accuracy is not None and score.best_val_acc >= self.min_accuracy
         )

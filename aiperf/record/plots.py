@@ -3,14 +3,22 @@
 Every function takes plain data (frames from :mod:`aiperf.record.results`, score timeline points)
 and returns PNG bytes, or ``None`` when there is nothing to draw, so the report can say so
 instead of showing an empty frame.
+
+Names in a figure come from a ledger or telemetry (host names, worker names, devices) and are
+drawn as plain text: every figure is drawn with mathtext and TeX off (a host called
+``$\\frac{a}{b}$`` is drawn as those characters, and a lone ``$`` cannot fail the report), and
+each name goes through :func:`label`: made inert, cut short, never hidden from a legend.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import ParamSpec, TypeVar
 
+import matplotlib
 import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
@@ -19,10 +27,39 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
 from aiperf.metrics.score import TimelinePoint, format_ops
+from aiperf.record.inert import inert
 
 WIDTH, HEIGHT, DPI = 6.4, 3.4, 110
 MAX_LEGEND = 10
 KIND_MARKERS = {"seed": "*", "arch": "o", "tune": "s"}
+MAX_LABEL_CHARS = 40
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def plain_text(draw: Callable[P, R]) -> Callable[P, R]:
+    """``draw`` with every text it creates taken literally: no mathtext (``$...$``), no TeX.
+
+    Settings apply to a text when it is created, and tick labels are created when the figure
+    is saved, so the whole drawing runs inside the context.
+    """
+
+    @functools.wraps(draw)
+    def drawn(*args: P.args, **kwargs: P.kwargs) -> R:
+        with matplotlib.rc_context({"text.usetex": False, "text.parse_math": False}):
+            return draw(*args, **kwargs)
+
+    return drawn
+
+
+def label(name: object) -> str:
+    """A name from a ledger or telemetry as figure text: inert, at most ``MAX_LABEL_CHARS``, and
+    never starting with ``_`` (a legend leaves such a label out)."""
+    text = inert(name)
+    if len(text) > MAX_LABEL_CHARS:
+        text = text[: MAX_LABEL_CHARS - 3] + "..."
+    return " " + text if text.startswith("_") else text
 
 
 def new_figure(width: float = WIDTH, height: float = HEIGHT) -> tuple[Figure, Axes]:
@@ -47,6 +84,7 @@ def _si(unit: str) -> FuncFormatter:
     return FuncFormatter(lambda v, _pos: format_ops(v, unit) if v else "0")
 
 
+@plain_text
 def score_over_time(timeline: Sequence[TimelinePoint]) -> bytes | None:
     """OPS and regulated score as they stood at each moment of the run."""
     if not timeline or not any(p["total_ops"] for p in timeline):
@@ -62,6 +100,7 @@ def score_over_time(timeline: Sequence[TimelinePoint]) -> bytes | None:
     return to_png(fig)
 
 
+@plain_text
 def best_error_over_time(timeline: Sequence[TimelinePoint], epochs: pd.DataFrame) -> bytes | None:
     """Best validation error so far (a step line), over every epoch's own validation error."""
     if epochs.empty:
@@ -91,6 +130,7 @@ def best_error_over_time(timeline: Sequence[TimelinePoint], epochs: pd.DataFrame
     return to_png(fig)
 
 
+@plain_text
 def ops_per_node(epochs: pd.DataFrame, hostnames: dict[str, str], bins: int | None = None) -> bytes | None:
     """Counted operations per second and node, in time bins (an epoch counts in the bin it completed in).
 
@@ -114,7 +154,7 @@ def ops_per_node(epochs: pd.DataFrame, hostnames: dict[str, str], bins: int | No
         series[node] = sums / width
     if len(nodes) <= MAX_LEGEND:
         for node, rate in series.items():
-            ax.plot(centres, rate, marker=".", label=hostnames.get(node) or node[:8])
+            ax.plot(centres, rate, marker=".", label=label(hostnames.get(node) or node[:8]))
         ax.legend(fontsize=7, title="node", title_fontsize=7)
     else:  # too many for a legend: every node faint, their mean bold
         for rate in series.values():
@@ -133,6 +173,7 @@ def ops_per_node(epochs: pd.DataFrame, hostnames: dict[str, str], bins: int | No
     return to_png(fig)
 
 
+@plain_text
 def busy_fraction(workers: pd.DataFrame) -> bytes | None:
     """Share of each worker's life spent in training and evaluation steps."""
     data = workers.dropna(subset=["busy_fraction"])
@@ -144,7 +185,8 @@ def busy_fraction(workers: pd.DataFrame) -> bytes | None:
         nodes = list(dict.fromkeys(data["node"]))
         colours = [f"C{nodes.index(n) % 10}" for n in data["node"]]
         ax.bar(range(len(data)), data["busy_fraction"], color=colours)
-        ax.set_xticks(range(len(data)), data["worker"], rotation=90 if len(data) > 12 else 0, fontsize=7)
+        ticks = [label(w) for w in data["worker"]]
+        ax.set_xticks(range(len(data)), ticks, rotation=90 if len(data) > 12 else 0, fontsize=7)
         ax.set_xlabel("worker (colour: node)", fontsize=9)
         ax.set_ylim(0, 1.05)
     else:
@@ -156,6 +198,7 @@ def busy_fraction(workers: pd.DataFrame) -> bytes | None:
     return to_png(fig)
 
 
+@plain_text
 def lineage(trials: pd.DataFrame) -> bytes | None:
     """Every trial at (start time, generation), joined to its parent, coloured by its best accuracy."""
     if trials.empty:
@@ -211,6 +254,7 @@ def lineage(trials: pd.DataFrame) -> bytes | None:
     return to_png(fig)
 
 
+@plain_text
 def utilisation(telemetry: pd.DataFrame, hostnames: dict[str, str]) -> bytes | None:
     """Accelerator utilisation per node over time (CPU utilisation where a node has no accelerator)."""
     if telemetry.empty:
@@ -223,8 +267,8 @@ def utilisation(telemetry: pd.DataFrame, hostnames: dict[str, str]) -> bytes | N
     fig, ax = new_figure()
     groups = list(data.groupby(["node", "device"]))
     for (node, device), frame in groups:
-        label = f"{hostnames.get(node) or node[:8]} {device}" if len(groups) <= MAX_LEGEND else None
-        ax.plot(frame["t"], frame["util_percent"], linewidth=1, alpha=0.8 if label else 0.3, label=label)
+        name = label(f"{hostnames.get(node) or node[:8]} {device}") if len(groups) <= MAX_LEGEND else None
+        ax.plot(frame["t"], frame["util_percent"], linewidth=1, alpha=0.8 if name else 0.3, label=name)
     power = telemetry.dropna(subset=["power_w"])
     if not power.empty:
         twin = ax.twinx()
@@ -241,6 +285,7 @@ def utilisation(telemetry: pd.DataFrame, hostnames: dict[str, str]) -> bytes | N
     return to_png(fig)
 
 
+@plain_text
 def scaling(table: pd.DataFrame) -> bytes | None:
     """Score per node and weak-scaling efficiency against the node count."""
     if table.empty:

@@ -22,8 +22,9 @@ from aiperf.metrics.score import format_ops, score_timeline
 from aiperf.record import plots
 from aiperf.record.energy import joules_text
 from aiperf.record.files import write_atomic
+from aiperf.record.inert import inert_lines
 from aiperf.record.results import RunResults, load
-from aiperf.record.schema import RunStartRecord
+from aiperf.record.schema import Record, RunStartRecord
 from aiperf.record.summary import build_summary, format_telemetry
 
 REPORT_NAME = "report.html"
@@ -107,7 +108,8 @@ SORT_SCRIPT = """
 
 
 def _e(value: object) -> str:
-    return html.escape("" if value is None else str(value))
+    """Text for the page: HTML escaped, and control or format characters (a bidi override) shown as escapes."""
+    return html.escape(inert_lines(value))
 
 
 def _num(value: object, fmt: str = "{:,}") -> str:
@@ -353,7 +355,8 @@ def _input_section(summary: dict[str, Any]) -> str:
         ("decode threads per worker", ", ".join(str(t) for t in inp.get("decode_threads") or []) or "-"),
         ("waiting for input", f"{100 * share:.1f} % of step time" if share is not None else "not measured"),
         ("data wait / step time", f"{inp.get('data_wait_s', 0):.1f} s / {inp.get('train_s', 0):.1f} s"),
-        ("images skipped (undecodable)", bad.get("count", 0)),
+        ("images skipped (undecodable)", bad.get("count", 0) - (bad.get("missing") or 0)),
+        ("images skipped (missing: deleted since the run began)", bad.get("missing") or 0),
     ]
     note = ""
     if inp.get("starved_workers"):
@@ -487,22 +490,30 @@ def _system(header: RunStartRecord, summary: dict[str, Any]) -> str:
     )
 
 
-def _audit_section(run_dir: str | Path, summary: dict[str, Any]) -> str:
-    """What ``aiperf audit`` found (``audit.json``), when it has been run: when, what, pass/fail per trial."""
-    from aiperf.record.audit_file import read_audit
+def _audit_section(run_dir: str | Path, records: list[Record]) -> str:
+    """What ``aiperf audit`` found (``audit.json``), when it has been run: when, what, pass/fail per trial.
 
-    data = read_audit(run_dir) if run_dir else None
-    if data is None:
+    Shown as passed only when the ledger's audit record names this very file (a file written
+    beside the ledger by hand, or edited after the audit, is shown as not vouched for).
+    """
+    from aiperf.record.audit_file import bound_audit
+
+    audit = bound_audit(run_dir, records) if run_dir else None
+    if audit is None:
         return ""
+    data = audit.data
     try:
         when = datetime.fromtimestamp(float(data.get("audited_at", 0)), UTC).strftime("%Y-%m-%d %H:%M UTC")
     except (TypeError, ValueError, OverflowError, OSError):
         when = "?"
     ledger, options = data.get("ledger"), data.get("options")  # audit.json may come from anyone: types checked
     ledger, options = (ledger if isinstance(ledger, dict) else {}), (options if isinstance(options, dict) else {})
-    stale = ledger.get("last_hash") != summary["ledger"]["last_hash"]
-    badge = "passed" if data.get("ok") is True else "FAILED"
-    note = " <b>(stale: the ledger has changed since)</b>" if stale else ""
+    if audit.passed:
+        badge, note = "passed", ""
+    elif data.get("ok") is not True:
+        badge, note = "FAILED", ""
+    else:
+        badge, note = "not vouched for", f" <b>(audit.json says passed, but {_e(audit.why)})</b>"
     what = (
         f"ledger verified, weight hashes checked, best trial and {options.get('sample')} sampled trial(s)"
         f" re-evaluated, {options.get('retrain')} re-trained (seed {options.get('seed')},"
@@ -545,7 +556,7 @@ def render_report(results: RunResults, summary: dict[str, Any], run_dir: str | P
         + _energy_section(summary)
         + _efficiency_section(summary)
         + _system(header, summary)
-        + _audit_section(run_dir, summary)
+        + _audit_section(run_dir, results.records)
         + f"<footer>Computed from {ledger['records']} ledger records; last hash <code>{_e(ledger['last_hash'])}</code>."
         f" Check it with <code>aiperf verify {_e(run_dir)}</code>. Report generated {generated}.</footer>"
     )

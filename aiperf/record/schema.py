@@ -94,6 +94,7 @@ class RecordType(enum.StrEnum):
     WEIGHTS = "weights"
     RESUME = "resume"
     RUN_STOP = "run_stop"
+    AUDIT = "audit"  # after the run's end: binds audit.json to the ledger (docs/results.md, Audit)
 
 
 class TrialStatus(enum.StrEnum):
@@ -103,6 +104,7 @@ class TrialStatus(enum.StrEnum):
     FAILED = "failed"  # it raised; the run goes on
     LOST = "lost"  # its worker or the master died and it was not re-queued
     STOPPED = "stopped"  # the run ended while it trained or waited to be re-queued
+    UNRESPONSIVE = "unresponsive"  # its worker stopped answering (docs/cluster.md, "When Ray stops answering")
 
 
 class RunStatus(enum.StrEnum):
@@ -204,6 +206,8 @@ class _BadImagesAtLoad(_Shape):
     count: Count = 0
     files: list[str] = []
     max_fraction: Fraction | None = None
+    missing_count: Count = 0  # of count: files gone when read (absent before 2026-11-26)
+    missing: list[str] = []  # the first 100 of them
 
 
 class DatasetHeader(_Shape):
@@ -447,6 +451,7 @@ class EpochRecord(Record):
     data_wait_s: Quantity | None = None
     input: str | None = None
     skipped_images: Count = 0
+    missing_images: Count = 0  # of skipped_images: files deleted since the run began (absent before 2026-11-26)
     precision: str
     oom_retries: Count = 0
     idle_before_s: Number | None = None
@@ -521,6 +526,7 @@ class BadImagesRecord(Record):
     count: Count = 0
     epoch_count: Count | None = None
     over_limit: bool = False
+    missing: list[str] = []  # of files: those that no longer exist (absent before 2026-11-26)
 
 
 class ResumeRecord(Record):
@@ -536,6 +542,8 @@ class RunStopRecord(Record):
     type: Literal[RecordType.RUN_STOP] = RecordType.RUN_STOP
     status: RunStatusField
     reason: str | None = None
+    control_plane_silent_t: Seconds | None = None  # when Ray's control plane first stopped answering (absent: never)
+    control_plane_silent_s: Quantity | None = None  # how long, in all, it did not answer this session
 
 
 class WeightsRecord(Record):
@@ -550,6 +558,24 @@ class WeightsRecord(Record):
     bytes: Count
 
 
+Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
+class AuditRecord(Record):
+    """``aiperf audit`` appends one after the run's end: the hash of the ``audit.json`` it wrote, so the
+    report shows an audit as passed only when that file is the one the ledger names."""
+
+    type: Literal[RecordType.AUDIT] = RecordType.AUDIT
+    audited_hash: Sha256  # the hash of the run's last record (before any audit record) it audited
+    result_sha256: Sha256  # SHA-256 of audit.json's bytes as written
+    ok: bool
+
+
+def run_records(records: list[RecordT]) -> list[RecordT]:
+    """The run's own records: the ledger without the audit records appended after its end."""
+    return [r for r in records if r.type != RecordType.AUDIT]
+
+
 SHAPES: dict[str, type[Record]] = {
     RecordType.RUN_START: RunStartRecord,
     RecordType.TRIAL_START: TrialStartRecord,
@@ -562,6 +588,7 @@ SHAPES: dict[str, type[Record]] = {
     RecordType.WORKER_FAILED: WorkerFailedRecord,
     RecordType.BAD_IMAGES: BadImagesRecord,
     RecordType.WEIGHTS: WeightsRecord,
+    RecordType.AUDIT: AuditRecord,
 }
 
 

@@ -22,6 +22,7 @@ from aiperf.metrics.steadiness import steadiness
 from aiperf.record.efficiency import efficiency_summary, format_efficiency
 from aiperf.record.energy import EnergySummary, format_energy, not_measured, summarize_energy
 from aiperf.record.files import write_atomic
+from aiperf.record.inert import inert, inert_tree
 from aiperf.record.ledger import LEDGER_NAME, read_ledger
 from aiperf.record.schema import (
     BadImagesRecord,
@@ -86,6 +87,7 @@ class BadImagesSummary(TypedDict):
     fraction: float | None
     files: list[str]  # the first 20
     max_fraction: float | None
+    missing: int  # of count: files deleted since the run began (the rest could not be decoded)
 
 
 class StartFailure(TypedDict):
@@ -180,9 +182,11 @@ def _bad_images_summary(start: RunStartRecord, records: list[Record]) -> BadImag
     dataset = start.dataset
     at_load_count = dataset.bad_images.count if dataset.bad_images is not None else 0
     at_load_files = dataset.bad_images.files if dataset.bad_images is not None else []
+    missing = dataset.bad_images.missing_count if dataset.bad_images is not None else 0
     streamed: list[str] = []
     for r in of_type(records, BadImagesRecord):
         streamed.extend(f for f in r.files if f not in streamed)
+        missing += len(r.missing)
     count = at_load_count + len(streamed)
     total = (dataset.train_images or 0) + (dataset.eval_images or 0) + at_load_count
     return {
@@ -190,6 +194,7 @@ def _bad_images_summary(start: RunStartRecord, records: list[Record]) -> BadImag
         "fraction": count / total if total else None,
         "files": (list(at_load_files) + streamed)[:20],
         "max_fraction": start.config.dataset.max_bad_fraction,
+        "missing": missing,
     }
 
 
@@ -359,7 +364,12 @@ def write_summary(run_dir: str | Path) -> dict[str, Any]:
 
 
 def format_summary(summary: dict[str, Any], run_dir: str | Path) -> str:
-    """The result block printed at the end of a run."""
+    """The result block printed at the end of a run.
+
+    Every string in it is made inert first: a run id, host name or reason read from a ledger
+    cannot print a line of its own, move the cursor or reorder the line.
+    """
+    summary = inert_tree(summary)
     s, v = summary["score"], summary["verdict"]
     acc = s.get("best_val_acc")
     best = summary.get("best") or {}
@@ -403,7 +413,7 @@ def format_summary(summary: dict[str, Any], run_dir: str | Path) -> str:
         lines.append(f"  telemetry            {format_telemetry(telemetry)}")
     if summary.get("energy"):
         lines.append(f"  energy               {format_energy(summary['energy'])}")
-    lines.append(f"  results              {run_dir}")
+    lines.append(f"  results              {inert(run_dir)}")
     return "\n".join(lines)
 
 
@@ -454,9 +464,12 @@ def format_input(inp: InputSummary, bad: BadImagesSummary) -> list[str]:
 
         fraction = bad.get("fraction")
         share = f" ({100 * fraction:.2f} % of the images)" if fraction is not None else ""
+        missing = bad.get("missing") or 0
+        why = "cannot be decoded" if not missing else f"{missing} missing (deleted since the run began)"
+        if missing and missing < bad["count"]:
+            why += f", {bad['count'] - missing} cannot be decoded"
         lines.append(
-            f"  bad images           {bad['count']} skipped, cannot be decoded{share}: "
-            f"{name_a_few(bad['files'], bad['count'])}"
+            f"  bad images           {bad['count']} skipped, {why}{share}: {name_a_few(bad['files'], bad['count'])}"
         )
     return lines
 

@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, NotRequired, Protocol, TextIO, 
 
 from aiperf.errors import AiperfError, first_line
 from aiperf.record.energy import POWERCAP_ROOT, MeterSpec, PowercapZones, SiteMeter
-from aiperf.record.files import read_regular
+from aiperf.record.files import LineTooLong, bounded_lines, open_regular
 
 if TYPE_CHECKING:
     from pynvml import c_nvmlDevice_t
@@ -64,6 +64,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 TELEMETRY_NAME = "telemetry.jsonl"
+MAX_SAMPLE_BYTES = 1 << 20  # a node's sample with 8 accelerators and its RAPL zones is about 2 KB
 _SAMPLE_TIMEOUT_S = 10.0  # a node slower than this to answer misses the sample, not the run
 # CPU or GPU time used outside the run, as a share of the host's capacity, from which the
 # verdict notes a shared machine: well above what the OS, the sampler's neighbours and short-lived
@@ -552,22 +553,35 @@ def _clean_sample(sample: object) -> dict[str, Any] | None:
 
 
 def read_telemetry(run_dir: str | Path) -> list[dict[str, Any]]:
-    """The samples of a run (an absent file is no samples; a torn or malformed line is dropped)."""
+    """The samples of a run (an absent file is no samples; a torn or malformed line is dropped).
+
+    Read line by line: a line longer than ``MAX_SAMPLE_BYTES`` is no sample a node writes and is
+    refused by its offset before it is held in memory.
+    """
     path = Path(run_dir) / TELEMETRY_NAME
     try:
-        data = read_regular(path)
+        fh = open_regular(path)
     except FileNotFoundError:
         return []
     except OSError as exc:
         raise AiperfError(f"{path}: cannot read ({exc.strerror or exc})") from None
     out = []
-    for line in data.splitlines():
+    with fh:
         try:
-            sample = _clean_sample(json.loads(line, parse_constant=_no_constant))
-        except (ValueError, RecursionError):
-            continue  # a line cut by a crash, or not JSON
-        if sample is not None:
-            out.append(sample)
+            for _, _, line in bounded_lines(fh, MAX_SAMPLE_BYTES):
+                try:
+                    sample = _clean_sample(json.loads(line, parse_constant=_no_constant))
+                except (ValueError, RecursionError):
+                    continue  # a line cut by a crash, or not JSON
+                if sample is not None:
+                    out.append(sample)
+        except LineTooLong as exc:
+            raise AiperfError(
+                f"{path}: the line at byte {exc.offset:,} is longer than {exc.limit:,} bytes, "
+                "the most a telemetry sample may hold: not a sample aiperf writes"
+            ) from None
+        except OSError as exc:
+            raise AiperfError(f"{path}: cannot read ({exc.strerror or exc})") from None
     return out
 
 

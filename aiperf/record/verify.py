@@ -46,8 +46,10 @@ from aiperf.errors import AiperfError, excerpt
 from aiperf.metrics.flops import GraphCost, aiperf_compatible_operations, count_flops, epoch_operations
 from aiperf.metrics.score import format_ops
 from aiperf.record.files import read_regular
+from aiperf.record.inert import inert
 from aiperf.record.ledger import read_ledger_contents, record_hash
 from aiperf.record.schema import (
+    AuditRecord,
     EpochRecord,
     Record,
     RecordT,
@@ -224,9 +226,12 @@ class _Consistency:
         self.best: dict[str, float] = {}  # trial -> best val_acc of its epochs
         self.next_epoch: dict[str, int] = {}  # trial -> the epoch number its next epoch record must have
         self.stopped: RunStopRecord | None = None  # the run_stop of the session, until a resume
+        self.audited: AuditRecord | None = None  # the latest audit record (only audits may follow one)
+        self.last_run_hash = start.hash  # the hash of the latest record that is not an audit
         # Each record type's check; UNCHECKED_TYPES lists the types deliberately without one.
         self.checks: dict[RecordType, Callable[[Record], None]] = {
             RecordType.RESUME: _Check(ResumeRecord, self._resume),
+            RecordType.AUDIT: _Check(AuditRecord, self._audit),
             RecordType.RUN_STOP: _Check(RunStopRecord, self._run_stop),
             RecordType.TRIAL_START: _Check(TrialStartRecord, self._trial_start),
             RecordType.REQUEUE: _Check(RequeueRecord, self._requeue),
@@ -247,9 +252,16 @@ class _Consistency:
     def run(self) -> list[str]:
         self._wall_clock()
         for rec in self.rest:
+            if rec.type == RecordType.AUDIT:
+                self.checks[RecordType.AUDIT](rec)
+                continue
+            if self.audited is not None:
+                self.add(rec, f"a run record after the audit record at seq {self.audited.seq} (only audits may follow)")
+                self.audited = None  # report the first such record only
             if self.stopped is not None and not isinstance(rec, ResumeRecord):
                 self.add(rec, f"a record after the run_stop at seq {self.stopped.seq} (only a resume may follow)")
                 self.stopped = None  # report the first such record only
+            self.last_run_hash = rec.hash
             # A record of a type this version does not know is a plain Record with a str type: no check.
             check = self.checks.get(rec.type) if isinstance(rec.type, RecordType) else None
             if check is not None:
@@ -271,6 +283,16 @@ class _Consistency:
                     "(the master's two clocks disagree: t or wall was edited)",
                 )
                 return  # one is enough: every later record repeats it
+
+    def _audit(self, rec: AuditRecord) -> None:
+        """An audit follows the run's completed end and names the record it audited (the run's last)."""
+        self.audited = rec
+        if self.stopped is None or self.stopped.status is not RunStatus.COMPLETED:
+            self.add(rec, "an audit record before the run's completed end (run_stop, completed)")
+        elif rec.audited_hash != self.last_run_hash:
+            self.add(
+                rec, f"audits the record {rec.audited_hash[:16]}, not the run's last record ({self.last_run_hash[:16]})"
+            )
 
     def _resume(self, rec: ResumeRecord) -> None:
         self.stopped = None
@@ -577,8 +599,8 @@ def verify_run(run_dir: str | Path) -> tuple[bool, str]:
         summary_problems, summary = check_summary(run_dir, records)
         problems += summary_problems
     if problems:
-        lines = [f"verify failed: {problems[0]}"]
-        lines += [f"  also: {p}" for p in problems[1:MAX_LISTED]]
+        lines = [f"verify failed: {inert(problems[0])}"]
+        lines += [f"  also: {inert(p)}" for p in problems[1:MAX_LISTED]]
         if len(problems) > MAX_LISTED:
             lines.append(f"  ... and {len(problems) - MAX_LISTED} more problems")
         return False, "\n".join(lines)
@@ -587,9 +609,9 @@ def verify_run(run_dir: str | Path) -> tuple[bool, str]:
     score, verdict = summary["score"], summary["verdict"]
     torn = contents.torn_note(run_dir / "ledger.jsonl")
     return True, (
-        f"verified: run {summary['run_id']}: {len(records)} records, hash chain intact "
+        f"verified: run {inert(summary['run_id'])}: {len(records)} records, hash chain intact "
         f"(last {records[-1].hash[:16]}); FLOPs of {trials} trials and operations of {epochs} epochs "
         f"recomputed; score {score['ops_human']} (regulated {score['regulated_human']}, "
-        f"{format_ops(score['total_ops'], 'OP')} counted) and verdict '{verdict['headline']}' match {SUMMARY_NAME}"
-        + (f"\n  note: {torn}" if torn else "")
+        f"{format_ops(score['total_ops'], 'OP')} counted) and verdict '{inert(verdict['headline'])}' "
+        f"match {SUMMARY_NAME}" + (f"\n  note: {inert(torn)}" if torn else "")
     )

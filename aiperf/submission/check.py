@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from aiperf.errors import AiperfError, excerpt, first_line
+from aiperf.record.inert import inert
 from aiperf.submission import layout
 from aiperf.submission.layout import PackageEntry, PackageIndex, read_package_json
 from aiperf.submission.runs import RunFacts, StoredAudit
@@ -74,11 +75,11 @@ class CheckResult:
         entries = len(index.entries) if index else 0
         counts = f"{systems} system(s), {entries} entr{'y' if entries == 1 else 'ies'}, {self.runs} run(s)"
         if self.accepted:
-            head = f"accepted: {package}: {counts}; {self.reevaluated} trial(s) re-evaluated from stored weights"
+            head = f"accepted: {inert(package)}: {counts}; {self.reevaluated} trial(s) re-evaluated from stored weights"
             head += f", {self.retrained} re-trained" if self.retrained else ""
         else:
-            head = f"rejected: {package}: {len(self.findings)} finding(s) ({counts})"
-        lines = [head, *(f"  {f.text}" for f in self.findings), *(f"  note: {n}" for n in self.notes)]
+            head = f"rejected: {inert(package)}: {len(self.findings)} finding(s) ({counts})"
+        lines = [head, *(f"  {inert(f.text)}" for f in self.findings), *(f"  note: {inert(n)}" for n in self.notes)]
         return "\n".join(lines)
 
 

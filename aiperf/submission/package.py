@@ -38,6 +38,7 @@ from typing import Any
 import yaml
 
 from aiperf.errors import AiperfError, excerpt, os_error
+from aiperf.record.inert import inert
 from aiperf.submission import layout
 from aiperf.submission.layout import (
     MAX_FILE_BYTES,
@@ -384,12 +385,14 @@ def package_command(runs: list[str], system_path: str, output: str, limits: Limi
     lines = []
     for entry in index.entries:
         workload = WORKLOADS.get(entry.workload)
-        lines.append(f"  {entry.system} / {entry.workload}: {len(entry.runs)} run(s)")
+        lines.append(f"  {inert(entry.system)} / {inert(entry.workload)}: {len(entry.runs)} run(s)")
         if workload is not None and len(entry.runs) < workload.ranked_runs:
             lines.append(
-                f"  note: a ranked entry of workload {entry.workload} needs {workload.ranked_runs} runs; "
+                f"  note: a ranked entry of workload {inert(entry.workload)} needs {workload.ranked_runs} runs; "
                 f"aiperf check will say so"
             )
     size = plan.total_bytes / 2**20
-    head = f"packaged {len(checked)} run(s) into {target} ({len(names)} files, {size:.1f} MiB) and {archive}"
-    return "\n".join([head, *lines, f"check it with: aiperf check {target}"])
+    head = (
+        f"packaged {len(checked)} run(s) into {inert(target)} ({len(names)} files, {size:.1f} MiB) and {inert(archive)}"
+    )
+    return "\n".join([head, *lines, f"check it with: aiperf check {inert(target)}"])

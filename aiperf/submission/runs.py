@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from aiperf.errors import AiperfError, excerpt, first_line
-from aiperf.record.audit_file import AUDIT_NAME
+from aiperf.record.audit_file import AUDIT_NAME, MAX_AUDIT_BYTES, audited_end, binding
 from aiperf.record.ledger import LEDGER_NAME, read_raw_ledger
 from aiperf.record.schema import Record, ResumeRecord, RunStartRecord, SystemHeader, TrialStartRecord, WeightsRecord
 from aiperf.submission.layout import WEIGHTS_DIR, portable_name, read_bounded
@@ -21,7 +21,6 @@ from aiperf.submission.layout import WEIGHTS_DIR, portable_name, read_bounded
 # Settings that differ between runs of one config without changing what is measured: the seed (each
 # run of a series has its own), where results go, and the address of a Ray cluster (each job's own).
 PER_RUN_SETTINGS = (("run", "seed"), ("run", "results_dir"), ("cluster", "address"))
-MAX_AUDIT_BYTES = 16 * 2**20
 
 
 @dataclass
@@ -106,6 +105,7 @@ class StoredAudit:
     """``audit.json`` as ``aiperf audit`` left it beside the run."""
 
     data: dict[str, Any]
+    raw: bytes = b""  # the file's bytes, which the ledger's audit record must name
 
     @property
     def options(self) -> dict[str, Any]:
@@ -119,10 +119,14 @@ class StoredAudit:
         if self.data.get("ok") is not True:
             message = self.data.get("message")
             return f"its audit failed ({excerpt(message, 200) if message else 'no message'})"
-        if self.data.get("run_id") != run.run_id or ledger.get("last_hash") != run.last_hash:
+        count, last_hash = audited_end(run.raw)
+        if self.data.get("run_id") != run.run_id or ledger.get("last_hash") != last_hash:
             return "its audit.json is of another ledger (the run changed after it was audited, or it was copied in)"
-        if ledger.get("records") != len(run.raw):
-            return f"its audit.json saw {excerpt(ledger.get('records'))} ledger records, the ledger has {len(run.raw)}"
+        if ledger.get("records") != count:
+            return f"its audit.json saw {excerpt(ledger.get('records'))} ledger records, the run has {count}"
+        bound, why = binding(self.raw, run.records)
+        if not bound:
+            return f"its audit is not vouched for by the ledger: {why}"
         return None
 
     def trials(self) -> list[dict[str, Any]]:
@@ -134,14 +138,15 @@ def read_audit(path: Path) -> StoredAudit:
     """``RUN/audit.json``; :class:`AiperfError` when there is none or it is not a JSON object."""
     file = path / AUDIT_NAME
     try:
-        data = json.loads(read_bounded(file, MAX_AUDIT_BYTES))
+        raw = read_bounded(file, MAX_AUDIT_BYTES)
+        data = json.loads(raw)
     except FileNotFoundError:
         raise AiperfError(f"{file}: no such file") from None
     except (OSError, ValueError, RecursionError) as exc:
         raise AiperfError(f"{file}: cannot be read as an audit ({first_line(exc)})") from None
     if not isinstance(data, dict):
         raise AiperfError(f"{file}: not a JSON object")
-    return StoredAudit(data)
+    return StoredAudit(data, raw)
 
 
 def audited_weights(run: RunFacts, audit: StoredAudit) -> list[str]:

@@ -9,7 +9,6 @@ named in one line, so a submitter fixes the file in one pass.
 from __future__ import annotations
 
 import os
-import stat
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from aiperf.errors import AiperfError, excerpt
+from aiperf.record.files import read_regular
 
 MAX_SITE_BYTES = 64 * 1024
 # MLCommons training rulesets from 4.0 accept only these availability values (system_desc_checker).
@@ -126,12 +126,10 @@ def read_site(path: str | Path) -> SiteFile:
 
     shown = excerpt(os.fspath(path), 200) if not os.fspath(path).isprintable() else os.fspath(path)
     try:
-        info = os.stat(path)
-        if not stat.S_ISREG(info.st_mode):
-            raise AiperfError(f"site file {shown}: not a regular file")
-        if info.st_size > MAX_SITE_BYTES:
-            raise AiperfError(f"site file {shown}: too large ({info.st_size:,} bytes; at most {MAX_SITE_BYTES:,})")
-        text = Path(path).read_text(encoding="utf-8")
+        raw = read_regular(path, MAX_SITE_BYTES)  # a FIFO or device is refused without reading
+        if len(raw) > MAX_SITE_BYTES:
+            raise AiperfError(f"site file {shown}: too large (more than {MAX_SITE_BYTES:,} bytes)")
+        text = raw.decode("utf-8")
     except FileNotFoundError:
         raise AiperfError(f"site file {shown}: no such file") from None
     except UnicodeDecodeError:

@@ -55,7 +55,8 @@ class TrainInput:
     streaming = False
 
     def __init__(self, x: np.ndarray, y: np.ndarray, batch: int, seed: int, backend: str) -> None:
-        self.x, self.y, self.batch = x, y, int(batch)
+        self.x, self.y = x, y
+        self.batch = max(1, min(int(batch), len(y)))  # a larger batch would never fill: one batch of the whole split
         self.steps = max(1, len(y) // self.batch)
         self.images = self.steps * self.batch
         self.seed = int(seed)

@@ -19,7 +19,10 @@ backend-specific.
 
 from __future__ import annotations
 
+import json
+import math
 import re
+import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -27,7 +30,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from aiperf.errors import AiperfError, first_line
+from aiperf.archives import open_zip, read_member
+from aiperf.errors import AiperfError, excerpt, first_line
 from nas.errors import NasError
 from nas.graph import Graph, Node, make_node
 
@@ -36,6 +40,19 @@ if TYPE_CHECKING:
 
 Weights = dict[int, list[np.ndarray]]
 KERAS_FILE_SUFFIXES = (".keras", ".h5", ".hdf5")
+
+# A .keras archive's JSON members (config.json, metadata.json) and anything but its weights:
+# 8x the largest keras.applications config (NASNetLarge's config.json, 1.0 MB).
+MAX_KERAS_JSON_BYTES = 8 << 20
+# Its weights (model.weights.h5 / .npz) or a whole .h5 model file: the largest keras.applications
+# model, ConvNeXtXLarge (350 M float32 parameters, 1.4 GB), fits.
+MAX_KERAS_WEIGHTS_BYTES = 2 << 30
+# Entries of a .keras archive: Keras writes three (metadata, config, weights) and assets only for
+# layers (text lookups and the like) this importer does not take anyway.
+MAX_KERAS_MEMBERS = 64
+# Groups and datasets walked in an HDF5 weights file: 20x NASNetLarge's (about 5,000).
+MAX_H5_OBJECTS = 100_000
+_KERAS_WEIGHTS_MEMBERS = ("model.weights.h5", "model.weights.npz")
 
 # Keras activation function name -> graph activation.
 _ACTIVATIONS = {
@@ -393,26 +410,113 @@ def weights_from_keras(model: Model, graph: Graph) -> Weights:
     return weights
 
 
-def load_keras_file(path: str | Path) -> Model:
-    """Load a ``.keras`` or ``.h5`` model file (safe mode: no arbitrary code) without compiling it."""
-    import keras
+def _check_h5(source: Any, label: str, stored: int) -> None:
+    """Raise unless the HDF5 weights in ``source`` (a path or a seekable stream) declare at most ``stored``
+    bytes of arrays: Keras writes its datasets uncompressed, so arrays larger than the file holding them
+    are a shape bomb (read as declared, a few KB that say 3 GB allocate 3 GB). Reads metadata only."""
+    import h5py
 
+    found = {"objects": 0, "bytes": 0}
+
+    def visit(name: str, obj: Any) -> None:
+        found["objects"] += 1
+        if found["objects"] > MAX_H5_OBJECTS:
+            raise AiperfError(f"{label}: its HDF5 weights hold more than {MAX_H5_OBJECTS:,} groups and datasets")
+        if isinstance(obj, h5py.Dataset):
+            found["bytes"] += math.prod(obj.shape or ()) * obj.dtype.itemsize
+            if found["bytes"] > stored:
+                raise AiperfError(
+                    f"{label}: its HDF5 dataset {excerpt(name)} brings the arrays it declares to "
+                    f"{found['bytes']:,} bytes, more than the {stored:,} bytes that hold them"
+                )
+
+    try:
+        with h5py.File(source, "r") as h5:
+            h5.visititems(visit)
+    except AiperfError:
+        raise
+    except Exception as exc:  # h5py raises OSError, ValueError, KeyError, RuntimeError for a damaged file
+        raise AiperfError(f"{label}: cannot load the Keras model (HDF5: {first_line(exc, 200)})") from None
+
+
+def _check_keras_archive(path: Path) -> None:
+    """Check a ``.keras`` archive from its headers before Keras reads it (:mod:`aiperf.archives`).
+
+    Its entries are counted, every member's declared size is checked against its cap (the JSON
+    members and anything else :data:`MAX_KERAS_JSON_BYTES`, the weights
+    :data:`MAX_KERAS_WEIGHTS_BYTES`), the JSON members are read with a read that stops past the cap
+    and must parse, and HDF5 weights must not declare more array bytes than they hold. Keras then
+    reads what was checked (``zipfile`` unpacks a member only up to its checked declared size).
+    """
+    label = str(path)
+    if not zipfile.is_zipfile(path):  # reads the end record only
+        raise AiperfError(f"{label}: cannot load the Keras model (a .keras file is a zip archive, this is not)")
+    with open_zip(path, label, MAX_KERAS_MEMBERS) as archive:
+        infos = archive.infolist()
+        for info in infos:
+            cap = MAX_KERAS_WEIGHTS_BYTES if info.filename in _KERAS_WEIGHTS_MEMBERS else MAX_KERAS_JSON_BYTES
+            if info.file_size > cap:
+                raise AiperfError(
+                    f"{label}: member {excerpt(info.filename)} declares {info.file_size:,} bytes unpacked, "
+                    f"at most {cap:,} are read"
+                )
+        for info in infos:
+            if info.filename.endswith(".json") and "/" not in info.filename:
+                data = read_member(archive, info, MAX_KERAS_JSON_BYTES, label)
+                try:
+                    json.loads(data)
+                except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than Python recurses
+                    raise AiperfError(
+                        f"{label}: member {excerpt(info.filename)} is not JSON ({first_line(exc, 120)})"
+                    ) from None
+            elif info.filename == "model.weights.h5":
+                with archive.open(info) as fh:
+                    _check_h5(fh, label, info.file_size)
+
+
+def load_keras_file(path: str | Path) -> Model:
+    """Load a ``.keras`` or ``.h5`` model file (safe mode: no arbitrary code) without compiling it.
+
+    The file is checked from its headers first (:func:`_check_keras_archive`, or for ``.h5`` its
+    size and its datasets' declared sizes), so a small file that unpacks or allocates gigabytes
+    fails naming itself; should memory run out anyway, so does that.
+    """
     path = Path(path)
     if path.suffix.lower() not in KERAS_FILE_SUFFIXES:
         raise AiperfError(f"{path}: not a Keras model file (expected {', '.join(KERAS_FILE_SUFFIXES)})")
     if not path.is_file():
         raise AiperfError(f"{path}: no such file")
     try:
+        if path.suffix.lower() == ".keras":
+            _check_keras_archive(path)
+        else:
+            size = path.stat().st_size
+            if size > MAX_KERAS_WEIGHTS_BYTES + MAX_KERAS_JSON_BYTES:
+                limit = MAX_KERAS_WEIGHTS_BYTES + MAX_KERAS_JSON_BYTES
+                raise AiperfError(f"{path}: {size:,} bytes, more than a Keras model file of at most {limit:,}")
+            _check_h5(path, str(path), size)
+        import keras  # after the checks: a refused file costs no framework start-up
+
         return keras.saving.load_model(path, compile=False, safe_mode=True)
+    except AiperfError:
+        raise
+    except MemoryError:
+        raise AiperfError(f"{path}: ran out of memory loading the Keras model") from None
+    except OSError as exc:
+        raise AiperfError(f"{path}: cannot read the Keras model ({exc.strerror or first_line(exc, 200)})") from None
     except Exception as exc:  # Keras raises many types (ValueError, OSError, zip and HDF5 errors) for bad files
         raise AiperfError(f"{path}: cannot load the Keras model ({first_line(exc, 200)})") from None
 
 
 def graph_from_keras_file(path: str | Path) -> Graph:
     """The architecture graph of a saved Keras model file (``.keras`` or ``.h5``)."""
-    return graph_from_keras(load_keras_file(path))
+    return import_keras_file(path)[0]
 
 
 def import_keras_file(path: str | Path) -> tuple[Graph, Weights]:
     """Graph and weights of a saved Keras model file, e.g. to seed a search with trained weights."""
-    return import_keras(load_keras_file(path))
+    model = load_keras_file(path)
+    try:
+        return import_keras(model)
+    except MemoryError:  # the import copies the weights as float32
+        raise AiperfError(f"{path}: ran out of memory importing the Keras model") from None

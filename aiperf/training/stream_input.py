@@ -11,8 +11,8 @@ batches are kept ready, so the next batch exists before the current step ends.
 Per epoch, each trial reads its own order: a permutation of the files seeded by (trial seed,
 epoch) -- or, for TFRecord shards, which are read in sequence, a seeded shard order with
 interleaved reading and a shuffle buffer. Every training batch is full (a ragged last batch
-would make JAX compile the step again); evaluation reads every validation image once and the
-caller pads the last batch.
+would make JAX compile the step again), so a batch is never larger than the split; evaluation
+reads every validation image once and the caller pads the last batch.
 
 What the pipeline records, in TensorFlow variables it updates as it runs (so it costs no
 Python per batch):
@@ -26,11 +26,13 @@ Python per batch):
   build the model's metrics.) Building the epoch's pipeline counts as waiting too (mostly
   tracing the decode functions); starting its iterator inside ``fit`` on TensorFlow (much
   shorter: benchmarks/RESULTS.md) is the one part not counted.
-* **skipped images**: an image that fails to decode (or a record whose label is out of range)
-  raises inside the pipeline and ``ignore_errors`` drops it. Each element carries its index,
-  and every index that reaches a batch is marked, so after the epoch the unmarked indices are
-  exactly the skipped images. A conservative bound (elements attempted minus marked minus what
-  can be in flight) stops the epoch early once more images than ``bad_limit`` surely failed.
+* **skipped images**: an image that cannot be decoded, or read (a file deleted since the run
+  began: :meth:`~aiperf.datasets.base.Dataset.missing_items` tells those apart afterwards), or
+  a record whose label is out of range, raises inside the pipeline and ``ignore_errors`` drops
+  it. Each element carries its index, and every index that reaches a batch is marked, so after
+  the epoch the unmarked indices are exactly the skipped images. A conservative bound (elements
+  attempted minus marked minus what can be in flight) stops the epoch early once more images
+  than ``bad_limit`` surely failed.
 """
 
 from __future__ import annotations
@@ -231,7 +233,10 @@ class TrainStream:
         self.native = backend == "tensorflow"  # fit runs the pipeline itself
         self.dataset = dataset
         self.source = source_for(dataset, "train", shuffle_buffer)
-        self.batch, self.seed, self.threads, self.bad_limit = int(batch), int(seed), max(1, threads), bad_limit
+        # A batch larger than the split would never fill: it is clamped (the trainer clamps further,
+        # to what an epoch surely decodes: aiperf.datasets.bad_images.largest_full_batch).
+        self.batch = max(1, min(int(batch), self.source.size))
+        self.seed, self.threads, self.bad_limit = int(seed), max(1, threads), bad_limit
         self.size = (int(dataset.input_shape[0]), int(dataset.input_shape[1]))  # (height, width)
         self.steps = max(1, self.source.size // self.batch)  # planned: skipped images can make it fewer
         self.images = self.steps * self.batch

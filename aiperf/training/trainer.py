@@ -9,8 +9,11 @@ already shaped the architecture the worker received.
 Resident datasets are fed from memory (:mod:`aiperf.training.input_pipeline`), streamed ones
 are decoded as they train (:mod:`aiperf.training.stream_input`); either way each epoch record
 says how many images were trained on, how long the loop waited for input, and how many
-images were skipped because they could not be decoded (their names go to the master in a
-``bad_images`` item, and too many of them end the trial with a one-line error).
+images were skipped because they could not be decoded or were missing (deleted since the run
+began); their names go to the master in a ``bad_images`` item, and too many of them end the
+trial with a one-line error that tells missing files from undecodable ones. Every epoch trains
+full batches, so a trial's batch is never larger than the training images an epoch surely
+delivers (:func:`~aiperf.datasets.bad_images.largest_full_batch`).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from aiperf.datasets.bad_images import bad_image_limit, too_many_bad_images
+from aiperf.datasets.bad_images import bad_image_limit, largest_full_batch, too_many_bad_images
 from aiperf.datasets.base import Dataset
 from aiperf.errors import AiperfError
 from aiperf.training.backend import is_out_of_memory, seed_trial
@@ -167,14 +170,35 @@ class TrialRunner:
         self.reported_bad.update(new)
         if not new and not over:
             return None
-        return {"type": "bad_images", "files": new, "epoch_count": len(train) + len(val), "over_limit": over}
+        gone = set(self._missing(train, val)[0])
+        missing = [n for n in new if n in gone]
+        return {
+            "type": "bad_images",
+            "files": new,
+            "epoch_count": len(train) + len(val),
+            "over_limit": over,
+            "missing": missing,
+        }
+
+    def _missing(self, train: np.ndarray, val: np.ndarray) -> tuple[list[str], int]:
+        """(names of at most 100, how many) of the skipped images whose file no longer exists."""
+        from aiperf.training.stream_input import name_bad
+
+        ds = self.dataset
+        if not ds.streaming:
+            return [], 0
+        gone_train, gone_val = ds.missing_items("train", train), ds.missing_items("val", val)
+        return name_bad(ds, "train", gone_train) + name_bad(ds, "val", gone_val), len(gone_train) + len(gone_val)
 
     def _too_many(self, train: np.ndarray, val: np.ndarray, count: int | None = None) -> AiperfError:
         from aiperf.training.stream_input import name_bad
 
         ds = self.dataset
         names = name_bad(ds, "train", train) + name_bad(ds, "val", val)
-        message = too_many_bad_images(names, ds.train_size + ds.val_size, self.settings.max_bad_fraction, count)
+        missing, missing_count = self._missing(train, val)
+        message = too_many_bad_images(
+            names, ds.train_size + ds.val_size, self.settings.max_bad_fraction, count, missing, missing_count
+        )
         return AiperfError(f"{ds.name}: {message}")
 
     # -- pieces --------------------------------------------------------------------------------
@@ -273,8 +297,11 @@ class TrialRunner:
             self.settings.max_batch_size,
         )
         replicas = max(1, self.settings.data_parallel)  # batch sizes are per device; the global batch scales
-        batch = max(replicas, min(requested, limit, max(1, ds.train_size // replicas)) * replicas)
+        # Never more than an epoch surely delivers: a larger batch would train no full batch at all.
+        fillable = largest_full_batch(ds, self.settings.max_bad_fraction)
+        batch = max(replicas, min(requested, limit, max(1, fillable // replicas)) * replicas)
         feed = self._train_feed(batch, spec.seed)
+        batch = feed.batch
         steps_per_epoch = feed.steps
         epochs = spec.epochs
         entry, reused = self._model_for(graph, weights)
@@ -313,6 +340,7 @@ class TrialRunner:
                     oom_retries += 1
                     batch = max(replicas, batch // 2 // replicas * replicas)
                     feed = self._train_feed(batch, spec.seed)
+                    batch = feed.batch
                     steps_per_epoch = feed.steps
                     del model
                     self.last_model = None  # nothing may keep the old model's device memory
@@ -332,6 +360,7 @@ class TrialRunner:
             eval_s = time.perf_counter() - t_eval
             evals.append(eval_s)
             skipped = len(fed["skipped"]) + len(val_skipped)
+            missing_images = self._missing(fed["skipped"], val_skipped)[1] if skipped else 0
             if skipped:
                 report = self._bad_images(fed["skipped"], val_skipped, over=skipped > self.bad_limit)
                 if report is not None:
@@ -360,6 +389,7 @@ class TrialRunner:
                 "data_wait_s": fed["data_wait_s"],
                 "input": "stream" if feed.streaming else "memory",
                 "skipped_images": skipped,
+                "missing_images": missing_images,
                 "batch_size": batch,
                 "precision": precision,
                 "oom_retries": oom_retries,

@@ -270,6 +270,10 @@ def test_master_death_then_resume_continues_the_same_run(tmp_path):
     assert min(int(r["trial"][1:]) for r in new_starts) > last_id
     assert records[-1]["type"] == "run_stop" and records[-1]["status"] == "completed"
     _check_summary_counts_epochs(run_dir, records)
+    # The score's time is the run's recorded end on the master's clock, the downtime included.
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["score"]["wall_s"] == pytest.approx(records[-1]["t"])
+    assert summary["score"]["wall_s"] >= resume["gap_s"] + before[-1]["t"] - 1e-3
     try:
         _wait_for(lambda: not _alive(family), 60, "the dead master's Ray agents to exit")
     finally:

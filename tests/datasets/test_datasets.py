@@ -522,7 +522,7 @@ def test_decode_image_resizes_large_jpegs_and_converts_channels(tmp_path):
         decode_image(path, None, channels=2)
     with pytest.raises(AiperfError) as excinfo:
         decode_image(tmp_path / "gone.png")
-    assert_one_line_error(excinfo, "gone.png", "cannot decode image")
+    assert_one_line_error(excinfo, "gone.png", "missing (the file no longer exists)")  # not "cannot decode"
 
 
 # --------------------------------------------------------------------------- synthetic

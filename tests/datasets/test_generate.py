@@ -77,9 +77,9 @@ def test_undecodable_files_and_tfrecord_shards_on_request(tmp_path):
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
-        (["--classes", "1"], "--classes must be at least 2"),
+        (["--classes", "1"], "--classes must be from 2 to 100,000, got 1"),
         (["--min-side", "50", "--max-side", "10"], "--min-side"),
-        (["--bad", "-1"], "--bad >= 0"),
+        (["--bad", "-1"], "--bad must be from 0 to 100,000, got -1"),
     ],
 )
 def test_bad_arguments_are_one_line_errors(tmp_path, args, fragment):

@@ -16,37 +16,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import REPO, aiperf_cmd, cli_env, run_cli
+from helpers import ledger_records, rechain, run_cli, two_trial_smoke_run
 
 from aiperf.engine.weights import WeightStore, file_sha256, load_weights
 from aiperf.record.audit_file import AUDIT_NAME, read_audit
-from aiperf.record.ledger import canonical, record_hash
-from aiperf.record.summary import build_summary, save_summary
-from aiperf.record.verify import verify_run
+from aiperf.record.ledger import canonical
 
 
 @pytest.fixture(scope="module")
 def audited_run(tmp_path_factory) -> Path:
-    """A real smoke run of exactly 2 trials (it ends when both have; ~25 s on 2 idle cores), shared read-only.
-
-    Not conftest's time-boxed ``smoke_run``: on a loaded machine 30 s may complete no trial, and
-    an audit needs completed trials with stored weights.
-    """
-    results = tmp_path_factory.mktemp("audit-results")
-    overrides = [f"run.results_dir={results}", "run.max_trials=2", "run.time_budget_s=600"]
-    # Trainer settings away from their defaults: the audit must train with the run's, not its own.
-    overrides += ["train.compiled_models=1", "dataset.decode_threads=2", "model.bn_momentum=0.95"]
-    proc = subprocess.run(
-        aiperf_cmd("run", "--config", "smoke", *[a for o in overrides for a in ("--set", o)]),
-        capture_output=True,
-        text=True,
-        env=cli_env(),
-        timeout=900,
-        cwd=REPO,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    (run,) = [p for p in results.iterdir() if p.is_dir()]
-    return run
+    """A real 2-trial smoke run, shared read-only; trainer settings away from their defaults: the audit
+    must train with the run's, not its own."""
+    overrides = ["train.compiled_models=1", "dataset.decode_threads=2", "model.bn_momentum=0.95"]
+    return two_trial_smoke_run(tmp_path_factory.mktemp("audit-results"), *overrides)
 
 
 def _audit(*args: str) -> subprocess.CompletedProcess:
@@ -57,23 +39,6 @@ def _copy(run: Path, tmp_path: Path) -> Path:
     target = tmp_path / run.name
     shutil.copytree(run, target, ignore=shutil.ignore_patterns("run.lock", AUDIT_NAME, "report.html"))
     return target
-
-
-def _records(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "ledger.jsonl").read_text().splitlines() if line.strip()]
-
-
-def _rewrite(run: Path, records: list[dict]) -> None:
-    """Write ``records`` as a fresh, internally consistent ledger and summary: what a careful forger does."""
-    prev = ""
-    for seq, rec in enumerate(records):
-        rec.pop("hash", None)
-        rec.update(seq=seq, prev=prev)
-        rec["hash"] = prev = record_hash(rec)
-    (run / "ledger.jsonl").write_bytes(b"".join(canonical(r) + b"\n" for r in records))
-    save_summary(run, build_summary(run))
-    ok, message = verify_run(run)
-    assert ok, message  # the forgery gets past every check that reads only the ledger
 
 
 def _stored_epoch(records: list[dict]) -> tuple[dict, dict]:
@@ -121,7 +86,7 @@ def test_untouched_run_audits_and_retrains(audited_run, tmp_path):
     assert proc.stderr == ""  # the frameworks' native start-up notes do not reach the terminal
     first = proc.stdout.splitlines()[0]
     assert first.startswith(f"audited: run {run.name}: ") and "1 re-trained" in first, proc.stdout
-    records = _records(run)
+    records = ledger_records(run)
     best = max((r for r in records if r["type"] == "epoch"), key=lambda r: (r["val_acc"], -r["seq"]))
     data = read_audit(run)
     assert data is not None and data["ok"] and data["run_id"] == run.name
@@ -150,13 +115,13 @@ def test_untouched_run_audits_and_retrains(audited_run, tmp_path):
 @pytest.mark.slow
 def test_forged_val_acc_fails_naming_the_trial(audited_run, tmp_path):
     run = _copy(audited_run, tmp_path)
-    records = _records(run)
+    records = ledger_records(run)
     w, epoch = _stored_epoch(records)
     epoch["val_acc"] = 0.999  # now the best trial too
     for rec in records:
         if rec["type"] == "trial_end" and rec["trial"] == w["trial"]:
             rec["best_val_acc"] = 0.999  # a careful forger keeps the trial's own claim consistent
-    _rewrite(run, records)
+    rechain(run, records)
     proc = _audit(str(run), "--sample", "0")
     assert proc.returncode == 1, proc.stdout + proc.stderr[-2000:]
     first = proc.stdout.splitlines()[0]
@@ -167,7 +132,7 @@ def test_forged_val_acc_fails_naming_the_trial(audited_run, tmp_path):
 @pytest.mark.slow  # the shared real run trains
 def test_tampered_weights_file_is_named(audited_run, tmp_path):
     run = _copy(audited_run, tmp_path)
-    w, _ = _stored_epoch(_records(run))
+    w, _ = _stored_epoch(ledger_records(run))
     path = run / w["file"]
     raw = bytearray(path.read_bytes())
     raw[len(raw) // 2] ^= 0xFF
@@ -182,7 +147,7 @@ def test_tampered_weights_file_is_named(audited_run, tmp_path):
 @pytest.mark.slow
 def test_epochs_faster_than_this_machine_fail_the_retrain(audited_run, tmp_path):
     run = _copy(audited_run, tmp_path)
-    records = _records(run)
+    records = ledger_records(run)
     for rec in records:
         if rec["type"] == "epoch":
             rec["train_s"] /= 100
@@ -191,7 +156,7 @@ def test_epochs_faster_than_this_machine_fail_the_retrain(audited_run, tmp_path)
             for key in ("busy_s", "compile_s", "busy_fraction", "steady_busy_fraction"):
                 if isinstance(rec.get(key), float):
                     rec[key] /= 100
-    _rewrite(run, records)
+    rechain(run, records)
     proc = _audit(str(run), "--sample", "0", "--retrain", "1", "--seed", "3")
     assert proc.returncode == 1, proc.stdout + proc.stderr[-2000:]
     first = proc.stdout.splitlines()[0]
@@ -202,9 +167,9 @@ def test_epochs_faster_than_this_machine_fail_the_retrain(audited_run, tmp_path)
 @pytest.mark.slow
 def test_another_dataset_is_unreadable_input(audited_run, tmp_path):
     run = _copy(audited_run, tmp_path)
-    records = _records(run)
+    records = ledger_records(run)
     records[0]["dataset"]["fingerprint"] = "f" * 64
-    _rewrite(run, records)
+    rechain(run, records)
     proc = _audit(str(run))
     assert proc.returncode == 2 and proc.stdout == ""
     assert len(proc.stderr.strip().splitlines()) == 1 and "fingerprint" in proc.stderr, proc.stderr
@@ -240,7 +205,36 @@ def test_a_naive_edit_fails_at_verify_before_anything_runs(audited_run, tmp_path
     assert read_audit(run)["ok"] is False and "machine" not in read_audit(run)  # nothing was re-executed
 
 
-def test_the_report_shows_an_odd_or_stale_audit_without_failing(sim_run, tmp_path):
+@pytest.mark.slow  # the shared real run trains; each audit re-evaluates its best trial
+def test_an_audit_is_bound_to_the_ledger_and_a_forged_audit_json_is_never_shown_as_passed(audited_run, tmp_path):
+    from aiperf.record.report import write_report
+
+    run = _copy(audited_run, tmp_path)
+    before = ledger_records(run)
+    assert _audit(str(run), "--sample", "0").returncode == 0
+    after = ledger_records(run)
+    assert after[: len(before)] == before  # appended to, nothing rewritten
+    (bound,) = after[len(before) :]
+    assert bound["type"] == "audit" and bound["ok"] is True and bound["audited_hash"] == before[-1]["hash"]
+    assert bound["result_sha256"] == hashlib.sha256((run / AUDIT_NAME).read_bytes()).hexdigest()
+    assert run_cli("verify", str(run)).returncode == 0  # the summary was rewritten to the new end
+    assert "Audit: passed" in write_report(run).read_text()
+    assert _audit(str(run), "--sample", "0").returncode == 0  # a second audit audits the same run records
+    assert ledger_records(run)[-1]["audited_hash"] == before[-1]["hash"]
+
+    # The real audit fails (a weights file replaced); a forger then writes ok: true with the right last_hash.
+    weights = next(run.glob("weights/*.npz"))
+    weights.write_bytes(weights.read_bytes()[:-1] + b"x")
+    assert _audit(str(run), "--sample", "0").returncode == 1
+    failed = json.loads((run / AUDIT_NAME).read_text())
+    assert failed["ok"] is False and ledger_records(run)[-1]["ok"] is False
+    forged = {**failed, "ok": True, "message": "audited: all good", "problems": []}
+    (run / AUDIT_NAME).write_text(json.dumps(forged))
+    html = write_report(run).read_text()
+    assert "Audit: passed" not in html and "Audit: not vouched for" in html and "it was changed" in html
+
+
+def test_the_report_shows_an_odd_or_unbound_audit_without_failing_and_never_as_passed(sim_run, tmp_path):
     from aiperf.record.report import write_report
 
     run = tmp_path / "run"
@@ -248,7 +242,8 @@ def test_the_report_shows_an_odd_or_stale_audit_without_failing(sim_run, tmp_pat
     odd = {"ok": True, "message": "audited: <b>", "ledger": [], "options": 5, "trials": "x", "audited_at": "nan"}
     (run / AUDIT_NAME).write_text(json.dumps(odd))
     html = write_report(run).read_text()
-    assert "Audit: passed" in html and "audited: &lt;b&gt;" in html and "stale: the ledger has changed" in html
+    assert "Audit: passed" not in html and "Audit: not vouched for" in html and "audited: &lt;b&gt;" in html
+    assert "the ledger holds no audit record" in html
 
 
 @pytest.mark.slow

@@ -130,6 +130,77 @@ def test_too_many_undecodable_images_stop_the_run(tmp_path):
     assert "failed because" in proc.stdout
 
 
+def test_a_folder_smaller_than_every_batch_size_trains_every_trial(tmp_path):
+    from aiperf.datasets.generate import GenerateSpec, generate_imagenet
+
+    tree = tmp_path / "tree"
+    generate_imagenet(tree, GenerateSpec(classes=2, train_per_class=8, val_per_class=2, max_side=24, min_side=8,
+                                         quirks=False, bad=1))  # fmt: skip
+    results = tmp_path / "results"
+    proc, _ = aiperf_run(results, f"dataset.path={tree}", *STREAMED, "hpo.batch_sizes=[64,128]", "train.batch_size=32")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # 17 training files (one truncated), 21 in all: 0.05 of them (1) may be skipped, so a batch of 16 always fills.
+    assert (
+        "hpo.batch_sizes 64, 128 and the plan's batch size 32 cannot be filled by the 16 training images" in proc.stderr
+    )
+    assert "every epoch surely delivers (17 in the split" in proc.stderr
+    assert "trials use batch sizes 16 (default 16)" in proc.stderr
+    records = check_streamed_run(only_run(results), tree, proc.stdout)
+    starts = [r for r in records if r["type"] == "trial_start"]
+    ends = [r for r in records if r["type"] == "trial_end"]
+    assert len(starts) == 3 and {r["hparams"]["batch_size"] for r in starts} == {16}
+    assert [r["status"] for r in ends] == ["completed"] * 3
+    assert {r["batch_size"] for r in records if r["type"] == "epoch"} == {16}
+
+
+def _delete_when_trials_start(tmp_path: Path, folder: Path) -> dict:
+    """An environment whose workers delete ``folder`` as each trial starts: after the dataset was indexed
+    and every node was checked to see it, as when a class folder is removed during a run."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import shutil\n"
+        "import aiperf.training.trainer as trainer\n"
+        "original = trainer.TrialRunner.run\n"
+        "def run(self, spec, *args, **kwargs):\n"
+        f"    shutil.rmtree({str(folder)!r}, ignore_errors=True)\n"
+        "    return original(self, spec, *args, **kwargs)\n"
+        "trainer.TrialRunner.run = run\n"
+    )
+    env = cli_env()
+    env["PYTHONPATH"] = f"{site}:{env['PYTHONPATH']}"
+    return env
+
+
+def test_a_class_folder_deleted_mid_run_is_missing_not_undecodable(tmp_path):
+    from aiperf.datasets.generate import GenerateSpec, generate_imagenet
+
+    tree = tmp_path / "tree"
+    generate_imagenet(tree, GenerateSpec(classes=3, train_per_class=8, val_per_class=2, max_side=24, min_side=8,
+                                         quirks=False, bad=1))  # fmt: skip
+    gone = tree / "train" / "n00000002"
+    results = tmp_path / "results"
+    env = _delete_when_trials_start(tmp_path, gone)
+    proc, _ = aiperf_run(results, f"dataset.path={tree}", *STREAMED, env=env)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and "warning" not in ln]
+    assert len(lines) == 1 and lines[0].startswith("aiperf: error: the run failed: "), lines
+    assert re.search(r"\d+ of 31 images are missing \(deleted since the run began: train/n00000002/", lines[0])
+    assert "cannot be decoded (train/n00000002" not in lines[0] and "max_bad_fraction=0.05" in lines[0]
+    run_dir = only_run(results)
+    records = read_raw_ledger(run_dir)
+    bad = [r for r in records if r["type"] == "bad_images"]
+    named = {f for r in bad for f in r["files"]}
+    missing = {f for r in bad for f in r["missing"]}
+    assert missing and missing == {f for f in named if f.startswith("train/n00000002/")}
+    assert "train/n00000001/bad_0_truncated.JPEG" not in missing, "a damaged file is not a missing one"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["bad_images"]["missing"] == len(missing)
+    assert summary["verdict"]["valid"] is False  # a failed run is never valid (rule "recorded end")
+    (end,) = [r for r in summary["verdict"]["rules"] if r["name"] == "recorded end"]
+    assert not end["passed"] and end["summary"].startswith("the run ended failed: ")
+
+
 def test_a_backend_missing_on_the_head_is_refused_at_once(tmp_path):
     blocker = tmp_path / "site"
     blocker.mkdir()

@@ -11,7 +11,7 @@ from aiperf.errors import AiperfError
 from aiperf.metrics.rules import evaluate_rules
 from aiperf.metrics.score import compute_score
 from aiperf.metrics.workloads import WORKLOADS, identify
-from aiperf.record.schema import EpochRecord, RunStartRecord, RunStopRecord, TrialStartRecord
+from aiperf.record.schema import AuditRecord, EpochRecord, RunStartRecord, RunStopRecord, TrialStartRecord
 
 RULES = {"min_accuracy": 0.7, "official_min_duration_s": 3600.0, "min_precision_bits": 16}  # imagenet's
 
@@ -43,7 +43,7 @@ def run(acc=0.97, precision="mixed_bfloat16", disjoint=True, last_t=4000.0, rule
         trial_start(1.0, "t00000"),
         EpochRecord(t=100.0, trial="t00000", epoch=1, ops=1e12, val_acc=0.5, precision="float32"),
         EpochRecord(t=last_t, trial="t00000", epoch=2, ops=1e12, val_acc=acc, precision=precision),
-        RunStopRecord(t=last_t + 5, status="completed"),
+        RunStopRecord(t=last_t, status="completed"),  # the run ends with its last epoch: last_t is its duration
     ]
     return records if stop else records[:-1]
 
@@ -218,6 +218,23 @@ def test_a_ledger_without_run_stop_is_not_valid():
         "invalid: the ledger does not end with run_stop: the run was interrupted and not resumed, "
         "or the ledger was cut short"
     )
+
+
+@pytest.mark.parametrize("status", ["failed", "interrupted"])
+def test_a_run_that_did_not_end_completed_is_never_valid(status):
+    """The issue's case: 19 % of a streamed folder deleted mid-run ended "failed" and printed "valid"."""
+    records = run()
+    records[-1] = RunStopRecord(t=records[-1].t, status=status, reason="8 of 31 images are missing")
+    v = evaluate_rules(records)
+    assert not v.valid and not by_name(v)["recorded end"].passed
+    assert by_name(v)["recorded end"].measured == f"run_stop ({status})"
+    assert v.headline().startswith(f"invalid: the run ended {status}: 8 of 31 images are missing")
+
+
+def test_an_audit_appended_after_a_completed_end_leaves_the_recorded_end():
+    records = run()
+    records.append(AuditRecord(t=4100.0, audited_hash="0" * 64, result_sha256="1" * 64, ok=True))
+    assert by_name(evaluate_rules(records))["recorded end"].passed
 
 
 def test_records_after_run_stop_are_not_a_recorded_end():

@@ -10,6 +10,7 @@ from aiperf.metrics.score import compute_score, format_ops, quality_factor, scor
 from aiperf.record.schema import (
     EpochRecord,
     RequeueRecord,
+    ResumeRecord,
     RunStartRecord,
     RunStopRecord,
     TrialEndRecord,
@@ -59,16 +60,42 @@ def ledger():
     ]
 
 
-def test_counts_only_completed_epochs_and_divides_by_the_last_epoch_time():
+def test_counts_only_completed_epochs_and_divides_by_the_run_s_recorded_end():
     s = compute_score(ledger())
     assert (s.total_ops, s.train_ops, s.eval_ops, s.aiperf_ops) == (600.0, 450.0, 150.0, 1200.0)
-    assert s.wall_s == 40.0  # the last epoch record, not the run_stop at 60 s
-    assert s.ops_per_s == 15.0
+    assert s.wall_s == 60.0  # the run_stop: the tail after the last epoch is run time too
+    assert s.ops_per_s == 10.0
     assert s.best_val_acc == 0.75
     assert s.quality == pytest.approx(math.log(4), rel=1e-15)  # |ln(1 - 0.75)|
-    assert s.regulated == pytest.approx(15.0 * math.log(4), rel=1e-15)
-    assert s.aiperf_regulated == pytest.approx(30.0 * math.log(4), rel=1e-15)
+    assert s.regulated == pytest.approx(10.0 * math.log(4), rel=1e-15)
+    assert s.aiperf_regulated == pytest.approx(20.0 * math.log(4), rel=1e-15)
     assert (s.epochs, s.trials_completed, s.trials_started) == (3, 2, 3)  # a re-queue does not start a new trial
+
+
+def test_a_ledger_without_a_recorded_end_is_scored_to_its_last_epoch():
+    s = compute_score(ledger()[:-1])  # in progress, or cut short: no run_stop
+    assert (s.wall_s, s.ops_per_s) == (40.0, 15.0)
+
+
+def test_a_run_that_ends_right_after_an_epoch_divides_by_its_end():
+    records = [*ledger()[:-1], RunStopRecord(t=40.001, status="completed")]
+    assert compute_score(records).wall_s == 40.001
+
+
+def test_downtime_between_a_crash_and_its_resume_counts_as_run_time():
+    """A master killed at 21 s and resumed 38 s later: the resumed clock carries the gap, and the score
+    divides by the run's end at 60 s, not by the last epoch before the crash (a crash can only cost)."""
+    records = [
+        RunStartRecord(t=0.0, run_id="r"),
+        trial_start(1.0, "t00000"),
+        epoch(21.0, "t00000", 1, 600.0, 0.5),
+        ResumeRecord(t=59.2, gap_s=38.0, from_seq=3),
+        TrialEndRecord(t=59.3, trial="t00000", status="lost"),
+        RunStopRecord(t=60.4, status="completed"),
+    ]
+    s = compute_score(records)
+    assert s.wall_s == 60.4
+    assert s.ops_per_s == pytest.approx(600.0 / 60.4)
 
 
 def test_a_ledger_without_epochs_scores_zero():
@@ -79,7 +106,7 @@ def test_a_ledger_without_epochs_scores_zero():
             RunStopRecord(t=30.0, status="completed"),
         ]
     )
-    assert (s.total_ops, s.wall_s, s.ops_per_s, s.regulated) == (0.0, 0.0, 0.0, 0.0)
+    assert (s.total_ops, s.wall_s, s.ops_per_s, s.regulated) == (0.0, 30.0, 0.0, 0.0)
     assert s.best_val_acc is None
     assert s.quality == 0.0
     assert (s.epochs, s.trials_started, s.trials_completed) == (0, 1, 0)
@@ -108,16 +135,16 @@ def test_to_dict_round_trips_every_field():
 # --- timeline ------------------------------------------------------------------------------------------------
 
 
-def test_timeline_is_the_score_of_the_ledger_cut_at_each_point():
+def test_timeline_is_the_score_of_the_run_had_it_ended_at_each_point():
     points = score_timeline(ledger(), interval_s=10.0)
     assert [p["t"] for p in points] == [10.0, 20.0, 30.0, 40.0, 50.0, 60.0]
     assert [p["total_ops"] for p in points] == [100.0, 300.0, 300.0, 600.0, 600.0, 600.0]
-    assert [p["ops_per_s"] for p in points] == [10.0, 15.0, 15.0, 15.0, 15.0, 15.0]
+    assert [p["ops_per_s"] for p in points] == [10.0, 15.0, 10.0, 15.0, 12.0, 10.0]
     assert [p["best_val_acc"] for p in points] == [0.5, 0.6, 0.6, 0.75, 0.75, 0.75]
     assert points[-1]["regulated"] == compute_score(ledger()).regulated
     for p in points:
-        cut = [r for r in ledger() if r.t <= p["t"]]
-        assert p["regulated"] == compute_score(cut).regulated
+        cut = [r for r in ledger() if r.t <= p["t"] and not isinstance(r, RunStopRecord)]
+        assert p["regulated"] == compute_score([*cut, RunStopRecord(t=p["t"], status="completed")]).regulated
 
 
 def test_timeline_defaults_to_about_a_hundred_points_ending_at_the_last_record():

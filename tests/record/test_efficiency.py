@@ -50,7 +50,7 @@ def _records(system, epochs, workers, precision="mixed_bfloat16"):
     out.append(TrialEndRecord(t=10.0 * len(epochs), trial="t0", status="completed"))
     for worker, node, ceiling in workers:
         out.append(WorkerRecord(t=10.0 * len(epochs), worker=worker, node=node, precision=precision, ceiling=ceiling))
-    out.append(RunStopRecord(t=10.0 * len(epochs) + 1, status="completed"))
+    out.append(RunStopRecord(t=10.0 * len(epochs), status="completed"))  # the run ends with its last epoch
     return out
 
 
