@@ -114,24 +114,33 @@ def ledger_read(nodes: int, budget_s: float, repeats: int) -> dict[str, float]:
     }
 
 
+# Run the command from a small interpreter and read its children's peak RSS there: a child forked
+# straight from this process would count this process's own memory, copied before the exec.
+_PEAK_RSS = (
+    "import resource, subprocess, sys; code = subprocess.call(sys.argv[2:]); "
+    "open(sys.argv[1], 'w').write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)); sys.exit(code)"
+)
+
+
 def _measured(args: list[str]) -> dict[str, object]:
-    """``aiperf ARGS`` in a child process: exit status, wall seconds, peak RSS (MiB), stderr's last line."""
-    import os
+    """``aiperf ARGS`` in a process of its own: exit status, wall seconds, peak RSS (MiB), its last line."""
     import subprocess
     import sys
 
-    start = time.perf_counter()
-    child = subprocess.Popen(
-        [sys.executable, "-m", "aiperf.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    out, err = child.stdout.read(), child.stderr.read()  # small: one line each for a refusal
-    _, status, usage = os.wait4(child.pid, 0)
-    child.returncode = os.waitstatus_to_exitcode(status)
-    lines = (err or out).strip().splitlines()
+    with tempfile.NamedTemporaryFile("r", suffix=".rss") as rss:
+        start = time.perf_counter()
+        proc = subprocess.run(
+            [sys.executable, "-c", _PEAK_RSS, rss.name, sys.executable, "-m", "aiperf.cli", *args],
+            capture_output=True,
+            text=True,
+        )
+        wall = time.perf_counter() - start
+        peak_kib = int(rss.read() or 0)
+    lines = (proc.stderr or proc.stdout).strip().splitlines()
     return {
-        "exit": child.returncode,
-        "wall_s": time.perf_counter() - start,
-        "peak_rss_mib": usage.ru_maxrss / 1024,
+        "exit": proc.returncode,
+        "wall_s": wall,
+        "peak_rss_mib": peak_kib / 1024,
         "says": lines[-1][:200] if lines else "",
     }
 

@@ -155,20 +155,33 @@ class ArchitectureDistance:
         self._described: list[tuple[int, int, int, int]] = []
         self._table = np.zeros((0, 0))
         self._codes: dict[str, ArchitectureCode] = {}
+        self._generation = 0  # how many times the caches started over
 
-    def encode(self, graph: Graph) -> ArchitectureCode:
+    def encode(self, graph: Graph, may_clear: bool = True) -> ArchitectureCode:
+        """The graph's code; with ``may_clear`` full caches start over first (codes handed out before
+        then hold ids of the old vocabulary: :meth:`encode_all` keeps one batch consistent)."""
         key = graph.key()
         code = self._codes.get(key)
         if code is None:
-            if len(self._codes) >= _MAX_CODES or len(self._described) >= _MAX_VOCABULARY:
+            if may_clear and (len(self._codes) >= _MAX_CODES or len(self._described) >= _MAX_VOCABULARY):
                 self.clear()
             layers, skips = describe_layers(graph)
             ids = np.array([self._layer_id(layer) for layer in layers], dtype=np.int32)
             code = self._codes[key] = ArchitectureCode(ids, skips)
         return code
 
+    def encode_all(self, graphs: Sequence[Graph]) -> list[ArchitectureCode]:
+        """Codes of one batch, all of the same vocabulary: if the caches started over part-way (a code
+        from before would index a table it is not in), the batch is encoded again without starting over."""
+        generation = self._generation
+        codes = [self.encode(g) for g in graphs]
+        if generation != self._generation:
+            codes = [self.encode(g, may_clear=False) for g in graphs]
+        return codes
+
     def clear(self) -> None:
         """Start the caches over (codes hold vocabulary ids, so both go together)."""
+        self._generation += 1
         self._ids.clear()
         self._described.clear()
         self._table = np.zeros((0, 0))
@@ -211,10 +224,8 @@ class ArchitectureDistance:
         """The ``len(rows) x len(cols)`` matrix of distances between graphs, in one batch."""
         if not rows or not cols:
             return np.zeros((len(rows), len(cols)))
-        col_codes = [self.encode(g) for g in cols]
-        row_codes = [self.encode(g) for g in rows]
-        if any(self._codes.get(g.key()) is not c for g, c in zip(cols, col_codes, strict=True)):
-            col_codes = [self.encode(g) for g in cols]  # the caches started over while encoding rows
+        codes = self.encode_all([*cols, *rows])
+        col_codes, row_codes = codes[: len(cols)], codes[len(cols) :]
         left = [r for r in row_codes for _ in col_codes]
         right = col_codes * len(row_codes)
         return self.paired(left, right).reshape(len(rows), len(cols))

@@ -124,3 +124,19 @@ def test_only_capacity_layers_enter_the_sequence():
     assert [layer[0] for layer in layers] == [0, 4, 5, 2]  # conv, pool:avg, gpool, dense
     assert layers[0][1:] == (4, 5, 2)
     assert skips.shape == (0, 3)
+
+
+@pytest.mark.parametrize("vocabulary", [8, 20])
+def test_caches_starting_over_inside_one_batch_keep_the_batch_consistent(monkeypatch, vocabulary):
+    """A 64-node simulated run crashed with "index 112 is out of bounds": the layer vocabulary filled
+    while a batch's rows were encoded, so the rows encoded before the caches started over held ids of
+    the old vocabulary. Every distance of such a batch must equal a fresh computation."""
+    import nas.distance as distance_module
+
+    monkeypatch.setattr(distance_module, "_MAX_VOCABULARY", vocabulary)
+    graphs = _grown(14, seed=3)
+    distance = ArchitectureDistance()
+    distance.cross(graphs[:3], graphs[:2])  # a warm cache from an earlier batch
+    got = distance.cross(graphs[2:], graphs[:5])
+    fresh = np.array([[architecture_distance(a, b) for b in graphs[:5]] for a in graphs[2:]])
+    np.testing.assert_allclose(got, fresh)
