@@ -22,10 +22,10 @@ import stat
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from aiperf.errors import AiperfError, excerpt
 from nas.defaults import DEFAULT_HPARAMS, HPARAM_RANGES, SEARCH
@@ -38,6 +38,14 @@ MAX_YAML_DEPTH = 16  # configs nest three levels (section, key, list)
 MAX_SEED = 2**32 - 1  # Optuna's TPE sampler seeds NumPy's RandomState, which takes 32 bits
 MAX_DURATION_S = 366 * 24 * 3600.0  # a year: longer budgets are typos, and overflow timers
 MAX_INTERVAL_S = 3600.0
+# Sizes and counts a config can ask for; each bounds work or memory that grows with it (docs/limits.md).
+MAX_IMAGES = 100_000_000  # images in a split: 75x ImageNet-1k's training set
+MAX_SIDE = 4096  # pixels per image side, as `aiperf make-imagenet --max-side`
+MAX_BATCH = 1 << 20  # as `aiperf flops --batch-size`: 8x the largest published ImageNet batches
+MAX_NODES = 16_384  # as `aiperf scaling --nodes`
+MAX_WORKERS = 131_072  # 16,384 nodes x 8 accelerators
+ImageSide = Annotated[int, Field(ge=1, le=MAX_SIDE)]
+Channels = Annotated[int, Field(ge=1, le=64)]
 
 
 class _Section(BaseModel):
@@ -93,7 +101,7 @@ class RunConfig(_Section):
     time_budget_s: float = Field(
         300.0, gt=0, le=MAX_DURATION_S, description="search time; trials still running then are stopped"
     )
-    max_trials: int | None = Field(None, ge=1, description="stop proposing after this many trials")
+    max_trials: int | None = Field(None, ge=1, le=10**9, description="stop proposing after this many trials")
     seed: int = Field(0, ge=0, le=MAX_SEED)
     results_dir: str = "results"
     progress_interval_s: float = Field(5.0, gt=0, le=MAX_INTERVAL_S)
@@ -114,10 +122,10 @@ class RunConfig(_Section):
 
 
 class SyntheticConfig(_Section):
-    shape: tuple[PositiveInt, PositiveInt, PositiveInt] = (32, 32, 3)
+    shape: tuple[ImageSide, ImageSide, Channels] = (32, 32, 3)
     classes: int = Field(10, ge=2, le=100_000)
-    train_size: int = Field(10_000, ge=1)
-    val_size: int = Field(2_000, ge=1)
+    train_size: int = Field(10_000, ge=1, le=MAX_IMAGES)
+    val_size: int = Field(2_000, ge=1, le=MAX_IMAGES)
 
 
 class DatasetConfig(_Section):
@@ -125,10 +133,10 @@ class DatasetConfig(_Section):
     path: str | None = Field(None, description="folder or file for fashion_mnist, cifar10, image_folder and tfrecord")
     validation_fraction: float = Field(0.2, gt=0, lt=1)
     split_seed: int = Field(0, ge=0, le=MAX_SEED)
-    image_size: tuple[PositiveInt, PositiveInt] | None = Field(
+    image_size: tuple[ImageSide, ImageSide] | None = Field(
         None, description="resize images to (height, width) (image_folder, tfrecord)"
     )
-    max_train_images: int | None = Field(None, ge=1, description="use at most this many training images")
+    max_train_images: int | None = Field(None, ge=1, le=MAX_IMAGES, description="use at most this many training images")
     storage: Literal["auto", "memory", "stream"] = Field(
         "auto",
         description="image_folder/tfrecord: decode once into memory, or stream (decode per batch on the workers);"
@@ -174,13 +182,13 @@ class ModelConfig(_Section):
 class TrainConfig(_Section):
     epochs_per_trial: int = Field(DEFAULT_HPARAMS["epochs"], ge=1, le=1000)
     batch_size: int | Literal["auto"] = "auto"
-    max_batch_size: int = Field(512, ge=1)
+    max_batch_size: int = Field(512, ge=1, le=MAX_BATCH)
     learning_rate: float = Field(DEFAULT_HPARAMS["learning_rate"], gt=0, le=10)
     momentum: float = Field(0.9, ge=0, lt=1)
     weight_decay: float = Field(DEFAULT_HPARAMS["weight_decay"], ge=0, le=1)
     dropout: float = Field(DEFAULT_HPARAMS["dropout"], ge=0, lt=1)
     kernel_size: Literal[1, 3, 5, 7] = DEFAULT_HPARAMS["kernel_size"]
-    eval_batch_size: int = Field(512, ge=1)
+    eval_batch_size: int = Field(512, ge=1, le=MAX_BATCH)
     compiled_models: int = Field(
         4,
         ge=0,
@@ -192,8 +200,8 @@ class TrainConfig(_Section):
     @field_validator("batch_size")
     @classmethod
     def _positive_batch(cls, v: int | str) -> int | str:
-        if isinstance(v, int) and v < 1:
-            raise ValueError("must be >= 1 or 'auto'")
+        if isinstance(v, int) and not 1 <= v <= MAX_BATCH:
+            raise ValueError(f"must be 'auto' or an integer from 1 to {MAX_BATCH:,}")
         return v
 
 
@@ -219,8 +227,10 @@ class HpoConfig(_Section):
             raise ValueError("dropout range must lie in [0, 1)")
         if self.epochs[0] < 1:
             raise ValueError("epochs range must start at 1 or more")
-        if not self.batch_sizes or min(self.batch_sizes) < 1:
-            raise ValueError("batch_sizes must be a non-empty list of positive integers")
+        if not self.batch_sizes or min(self.batch_sizes) < 1 or max(self.batch_sizes) > MAX_BATCH:
+            raise ValueError(f"batch_sizes must be a non-empty list of integers from 1 to {MAX_BATCH:,}")
+        if self.epochs[1] > 1000:
+            raise ValueError("epochs range must end at 1,000 or less (as train.epochs_per_trial)")
         if not self.kernel_sizes:
             raise ValueError("kernel_sizes must not be empty")
         return self
@@ -231,11 +241,11 @@ class SearchConfig(_Section):
     retune_fraction: float = Field(
         SEARCH.retune_fraction, ge=0, le=1, description="share of trials that re-tune a good architecture"
     )
-    ucb_beta: float = Field(SEARCH.ucb_beta, ge=0)
+    ucb_beta: float = Field(SEARCH.ucb_beta, ge=0, le=1e6)
     max_morphs_per_child: int = Field(SEARCH.max_morphs_per_child, ge=1, le=10)
-    max_layers: int = Field(60, ge=1, description="weighted layers (conv, depthwise, dense)")
-    max_params: int = Field(5_000_000, ge=1)
-    max_flops_per_image: float = Field(2e9, gt=0, description="training FLOPs per image")
+    max_layers: int = Field(60, ge=1, le=10_000, description="weighted layers (conv, depthwise, dense)")
+    max_params: int = Field(5_000_000, ge=1, le=10**13)
+    max_flops_per_image: float = Field(2e9, gt=0, le=1e16, description="training FLOPs per image")
     size_growth: float | None = Field(
         None,
         ge=1,
@@ -244,8 +254,12 @@ class SearchConfig(_Section):
         " (capped at max_flops_per_image); null: no schedule (docs/search.md)",
     )
     size_band: float = Field(2.0, ge=1, le=1e3, description="size schedule: the band's high over its low")
-    gp_window: int = Field(SEARCH.gp_window, ge=8, description="observations the GP is fitted on (best + newest)")
-    candidates: int = Field(SEARCH.candidates, ge=1, description="candidate architectures scored per acquisition")
+    gp_window: int = Field(
+        SEARCH.gp_window, ge=8, le=20_000, description="observations the GP is fitted on (best + newest; cubic cost)"
+    )
+    candidates: int = Field(
+        SEARCH.candidates, ge=1, le=100_000, description="candidate architectures scored per acquisition"
+    )
 
 
 class ClusterConfig(_Section):
@@ -253,11 +267,15 @@ class ClusterConfig(_Section):
     placement: Literal["per_accelerator", "per_node", "fractional"] = "per_accelerator"
     trials_per_accelerator: int = Field(2, ge=1, le=64, description="fractional placement: trials sharing a GPU")
     cpus_per_trial: int | Literal["auto"] = "auto"
-    max_concurrent_trials: int | None = Field(None, ge=1)
-    max_nodes: int | None = Field(None, ge=1, description="use at most this many nodes (head first); scaling studies")
-    min_concurrent_trials: int = Field(2, ge=1, description="CPU-only runs oversubscribe cores to reach this")
-    keep_weights: int = Field(64, ge=1, description="trained weight sets the master keeps for inheritance")
-    max_trial_retries: int = Field(2, ge=0)
+    max_concurrent_trials: int | None = Field(None, ge=1, le=MAX_WORKERS)
+    max_nodes: int | None = Field(
+        None, ge=1, le=MAX_NODES, description="use at most this many nodes (head first); scaling studies"
+    )
+    min_concurrent_trials: int = Field(
+        2, ge=1, le=1024, description="CPU-only runs oversubscribe cores to reach this (per run, not per node)"
+    )
+    keep_weights: int = Field(64, ge=1, le=100_000, description="trained weight sets the master keeps for inheritance")
+    max_trial_retries: int = Field(2, ge=0, le=100)
     checkpoint_every_epoch: bool = Field(True, description="send weights to the master after every epoch")
     queue_depth: int = Field(2, ge=1, le=4, description="trials queued per worker (>1 hides the master round trip)")
     ceiling_s: float | Literal["auto"] = Field(
@@ -271,6 +289,13 @@ class ClusterConfig(_Section):
         description="the site file (aiperf system --site): its declared_peak figures are recorded at run start",
     )
 
+    @field_validator("cpus_per_trial")
+    @classmethod
+    def _cpus_range(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and not 1 <= v <= 1024:
+            raise ValueError("must be 'auto' or an integer from 1 to 1024")
+        return v
+
     @field_validator("ceiling_s")
     @classmethod
     def _ceiling_range(cls, v: float | str) -> float | str:
@@ -281,8 +306,10 @@ class ClusterConfig(_Section):
 
 class RulesConfig(_Section):
     min_accuracy: float = Field(0.95, ge=0, le=1, description="best validation top-1 needed for a valid run")
-    official_min_duration_s: float = Field(3600.0, ge=0, description="shorter runs are labelled unofficial")
-    min_precision_bits: int = Field(16, ge=8)
+    official_min_duration_s: float = Field(
+        3600.0, ge=0, le=MAX_DURATION_S, description="shorter runs are labelled unofficial"
+    )
+    min_precision_bits: int = Field(16, ge=8, le=64)
 
 
 class Config(_Section):

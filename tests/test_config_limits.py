@@ -1,0 +1,70 @@
+"""Every size or count a config can ask for has a maximum, refused as a one-line config error before
+any work (docs/limits.md): a run asked for 10^8 concurrent trials hung creating actors before."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import run_cli_bounded
+
+from aiperf.config import load_config
+from aiperf.errors import AiperfError
+
+TOO_LARGE = [
+    ("cluster.min_concurrent_trials=100000000", "less than or equal to 1024"),
+    ("cluster.max_concurrent_trials=1000000", "less than or equal to 131072"),
+    ("cluster.max_nodes=20000", "less than or equal to 16384"),
+    ("cluster.keep_weights=1000000000", "less than or equal to 100000"),
+    ("cluster.max_trial_retries=1000", "less than or equal to 100"),
+    ("cluster.cpus_per_trial=100000", "from 1 to 1024"),
+    ("search.candidates=1000000000", "less than or equal to 100000"),
+    ("search.gp_window=1000000000", "less than or equal to 20000"),
+    ("search.max_layers=1000000", "less than or equal to 10000"),
+    ("search.max_params=100000000000000", "less than or equal to 10000000000000"),
+    ("search.max_flops_per_image=1.0e20", "less than or equal to 10000000000000000"),
+    ("search.ucb_beta=1e300", "less than or equal to 1000000"),
+    ("train.batch_size=99999999999", "from 1 to 1,048,576"),
+    ("train.max_batch_size=99999999999", "less than or equal to 1048576"),
+    ("train.eval_batch_size=99999999999", "less than or equal to 1048576"),
+    ("hpo.batch_sizes=[64,10000000000]", "from 1 to 1,048,576"),
+    ("hpo.epochs=[1,1000000000]", "1,000 or less"),
+    ("dataset.synthetic.train_size=10000000000", "less than or equal to 100000000"),
+    ("dataset.synthetic.shape=[100000,100000,3]", "less than or equal to 4096"),
+    ("dataset.synthetic.shape=[32,32,100000]", "less than or equal to 64"),
+    ("dataset.image_size=[100000,100000]", "less than or equal to 4096"),
+    ("dataset.max_train_images=10000000000", "less than or equal to 100000000"),
+    ("run.max_trials=10000000000", "less than or equal to 1000000000"),
+    ("rules.min_precision_bits=100000", "less than or equal to 64"),
+    ("rules.official_min_duration_s=1e300", "less than or equal to"),
+]
+
+
+@pytest.mark.parametrize(("override", "says"), TOO_LARGE, ids=[o for o, _ in TOO_LARGE])
+def test_a_size_or_count_over_its_maximum_is_a_config_error(override, says):
+    with pytest.raises(AiperfError) as info:
+        load_config("smoke", [override])
+    message = str(info.value)
+    assert message.startswith("config error: ") and says in message and "\n" not in message
+    assert override.split("=")[0].rsplit(".", 1)[-1] in message  # the setting is named
+
+
+def test_the_cli_refuses_it_before_starting_anything(tmp_path):
+    proc = run_cli_bounded(
+        "run",
+        "--config",
+        "smoke",
+        "--set",
+        f"run.results_dir={tmp_path}",
+        "--set",
+        "cluster.min_concurrent_trials=100000000",
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert "cluster.min_concurrent_trials" in line and "1024" in line
+    assert not any(tmp_path.iterdir()), "nothing was started, nothing written"
+
+
+def test_the_built_in_configs_are_inside_every_limit():
+    from aiperf.config import BUILTIN_CONFIGS
+
+    for name in BUILTIN_CONFIGS:
+        load_config(name)
