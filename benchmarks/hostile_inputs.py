@@ -150,13 +150,13 @@ def cli_cases() -> dict[str, dict[str, object]]:
     import shutil
     import zipfile
 
-    from aiperf.record.ledger import canonical, read_raw_ledger, record_hash
+    from aiperf.record.ledger import canonical, read_raw_ledger
 
     folder = Path(tempfile.mkdtemp(prefix="aiperf-hostile-cli-"))
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    from helpers import simulated_run
+    from helpers import rehash, simulated_run
 
     run = simulated_run(folder / "run")
     cases: dict[str, list[str]] = {}
@@ -187,10 +187,7 @@ def cli_cases() -> dict[str, dict[str, object]]:
     shutil.copytree(run, escaped)
     raw = read_raw_ledger(escaped)
     raw[0]["run_id"] = "x\x1b[2K\rFAKE LINE: verified"
-    prev = ""
-    for record in raw:
-        record["prev"] = prev
-        record["hash"] = prev = record_hash(record)
+    rehash(raw)
     (escaped / "ledger.jsonl").write_bytes(b"".join(canonical(r) + b"\n" for r in raw))
     cases["run_id_escapes_summary"] = ["summary", str(escaped)]
     try:

@@ -69,21 +69,38 @@ def ledger_records(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "ledger.jsonl").read_text().splitlines() if line.strip()]
 
 
-def rechain(run: Path, records: list[dict]) -> None:
-    """Write ``records`` as a fresh, internally consistent ledger and summary: what a careful forger does."""
-    from aiperf.record.ledger import canonical, record_hash
-    from aiperf.record.summary import build_summary, save_summary
-    from aiperf.record.verify import verify_run
+def rehash(records: list[dict]) -> None:
+    """Renumber ``records`` and give them a fresh hash chain, in place (an edit that keeps the chain intact)."""
+    from aiperf.record.ledger import record_hash
 
     prev = ""
     for seq, rec in enumerate(records):
         rec.pop("hash", None)
         rec.update(seq=seq, prev=prev)
         rec["hash"] = prev = record_hash(rec)
+
+
+def rechain(run: Path, records: list[dict]) -> None:
+    """Write ``records`` as a fresh, internally consistent ledger and summary: what a careful forger does."""
+    from aiperf.record.ledger import canonical
+    from aiperf.record.summary import build_summary, save_summary
+    from aiperf.record.verify import verify_run
+
+    rehash(records)
     (run / "ledger.jsonl").write_bytes(b"".join(canonical(r) + b"\n" for r in records))
     save_summary(run, build_summary(run))
     ok, message = verify_run(run)
     assert ok, message  # the forgery gets past every check that reads only the ledger
+
+
+def sim_run_start(cfg, pool):
+    """The ``run_start`` record a master on a simulated pool appends first (tests that drive ``Master``)."""
+    from aiperf.record.schema import Record
+
+    return Record(
+        type="run_start", t=0.0, run_id="sim", config=cfg.to_dict(), plan=pool.plan.to_dict(),
+        dataset={"name": "sim", "split": {"disjoint": True}}, rules=cfg.rules.model_dump(),
+    )  # fmt: skip
 
 
 SIM_DATASET = {

@@ -6,6 +6,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from helpers import sim_run_start
 
 from aiperf.cluster.sim_pool import HybridClock, SimulatedWorkerPool
 from aiperf.config import load_config
@@ -38,17 +39,7 @@ def _run(
     for worker, at in kills:
         pool.kill_worker_at(worker, at)
     ledger = LedgerWriter(tmp_path)
-    ledger.append(
-        Record(
-            type="run_start",
-            t=0.0,
-            run_id="sim",
-            config=cfg.to_dict(),
-            plan=pool.plan.to_dict(),
-            dataset={"name": "sim", "split": {"disjoint": True}},
-            rules=cfg.rules.model_dump(),
-        )
-    )
+    ledger.append(sim_run_start(cfg, pool))
     settings = MasterSettings(time_budget_s=budget, max_trials=max_trials, seed=seed)
     master = Master(settings, proposer, pool, ledger, WeightStore(16), clock=clock)
     if stop_at is not None:

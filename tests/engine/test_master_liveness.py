@@ -6,6 +6,8 @@ On the simulated pool, with the pool's reports injected; the real thing is froze
 
 from __future__ import annotations
 
+from helpers import sim_run_start
+
 from aiperf.cluster.messages import EventKind
 from aiperf.cluster.pool import PoolEvent
 from aiperf.cluster.sim_pool import HybridClock, SimulatedWorkerPool
@@ -14,7 +16,7 @@ from aiperf.engine.master import Master, MasterSettings
 from aiperf.engine.search import make_search
 from aiperf.engine.weights import WeightStore
 from aiperf.record.ledger import LedgerWriter, read_ledger
-from aiperf.record.schema import Record, RunStopRecord, TrialStatus
+from aiperf.record.schema import RunStopRecord, TrialStatus
 from nas import zoo
 
 
@@ -24,17 +26,7 @@ def _master(tmp_path, budget=120.0, retries=2):
     clock = HybridClock()
     pool = SimulatedWorkerPool(2, clock, nodes=1, epoch_s=5.0)
     ledger = LedgerWriter(tmp_path)
-    ledger.append(
-        Record(
-            type="run_start",
-            t=0.0,
-            run_id="sim",
-            config=cfg.to_dict(),
-            plan=pool.plan.to_dict(),
-            dataset={"name": "sim", "split": {"disjoint": True}},
-            rules=cfg.rules.model_dump(),
-        )
-    )
+    ledger.append(sim_run_start(cfg, pool))
     settings = MasterSettings(time_budget_s=budget, max_trial_retries=retries)
     return Master(settings, proposer, pool, ledger, WeightStore(16), clock=clock), pool, ledger, clock
 

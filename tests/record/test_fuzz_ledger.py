@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from helpers import rehash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -23,7 +24,7 @@ from aiperf.engine.search import make_search
 from aiperf.engine.weights import WeightStore
 from aiperf.errors import AiperfError
 from aiperf.record import mllog, results
-from aiperf.record.ledger import canonical, read_raw_ledger, record_hash
+from aiperf.record.ledger import canonical, read_raw_ledger
 from aiperf.record.schema import RecordType
 from aiperf.record.summary import build_summary
 from nas.serialize import graph_from_dict
@@ -59,15 +60,6 @@ TYPES = [
     "run_start", "trial_start", "epoch", "trial_end", "requeue", "worker", "resume", "run_stop",
     "worker_failed", "bad_images", "??", "",
 ]  # fmt: skip
-
-
-def _rechain(records: list[dict]) -> None:
-    prev = ""
-    for k, rec in enumerate(records):
-        rec["seq"], rec["prev"] = k, prev
-        rec.pop("hash", None)
-        rec["hash"] = record_hash(rec)
-        prev = rec["hash"]
 
 
 @st.composite
@@ -107,7 +99,7 @@ def mutated(draw, base: list[dict]) -> tuple[list[dict], bool]:
             else:
                 node[key] = draw(HOSTILE)
     if kind != "unchained":
-        _rechain(records)
+        rehash(records)
     return records, kind != "unchained"
 
 
@@ -136,7 +128,7 @@ def base(sim_run, tmp_path_factory) -> tuple[list[dict], Path]:
          "files": ["b.JPEG"], "count": 1, "epoch_count": 1, "over_limit": False},
     ]  # fmt: skip
     records[1:1] = extra
-    _rechain(records)
+    rehash(records)
     folder = tmp_path_factory.mktemp("fuzz-base")
     _write(folder, records)
     (folder / "summary.json").write_text(json.dumps(build_summary(folder), sort_keys=True))
@@ -260,7 +252,7 @@ def test_verify_exit_codes_are_distinct(base, tmp_path):
     edited = copy.deepcopy(records)
     k = next(i for i, r in enumerate(edited) if r["type"] == RecordType.EPOCH)
     edited[k]["val_acc"] = "0.99"  # a string where a number belongs, under a valid chain
-    _rechain(edited)
+    rehash(edited)
     _write(tmp_path, edited)
     (tmp_path / "summary.json").write_bytes((folder / "summary.json").read_bytes())
     code, out, _ = _cli("verify", str(tmp_path))

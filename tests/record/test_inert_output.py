@@ -17,13 +17,13 @@ import shutil
 
 import pandas as pd
 import pytest
-from helpers import run_cli_bounded
+from helpers import rehash, run_cli_bounded
 
 from aiperf.engine.output import Output
 from aiperf.engine.progress import Progress
 from aiperf.record import plots
 from aiperf.record.inert import escape_char, inert, inert_lines, inert_tree
-from aiperf.record.ledger import canonical, record_hash
+from aiperf.record.ledger import canonical
 
 FAKE = "x\x1b[2K\rFAKE LINE: verified"
 HOSTS = {"sim-node-0": "\u202eevil", "sim-node-1": "$\\frac{a}{b$ host"}  # the second fails mathtext
@@ -147,15 +147,6 @@ def test_figures_draw_names_literally():
 # --- a real run with hostile names, through the CLI ----------------------------------------------
 
 
-def _rechain(records: list[dict]) -> None:
-    prev = ""
-    for k, rec in enumerate(records):
-        rec["seq"], rec["prev"] = k, prev
-        rec.pop("hash", None)
-        rec["hash"] = record_hash(rec)
-        prev = rec["hash"]
-
-
 @pytest.fixture(scope="module")
 def hostile_run(sim_run, tmp_path_factory):
     """The simulated run with a hostile run id, config name, host names and worker names, chain rebuilt."""
@@ -172,7 +163,7 @@ def hostile_run(sim_run, tmp_path_factory):
             rec["hostname"] = HOSTS[rec["node"]]
         if rec.get("worker") in WORKERS:
             rec["worker"] = WORKERS[rec["worker"]]
-    _rechain(records)
+    rehash(records)
     (run_dir / "ledger.jsonl").write_bytes(b"".join(canonical(r) + b"\n" for r in records))
     (run_dir / "summary.json").unlink()  # `aiperf summary` writes the one verify compares with
     return run_dir
