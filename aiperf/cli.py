@@ -317,15 +317,17 @@ def _note(message: str) -> None:
 
 def _cmd_summary(args: argparse.Namespace) -> int:
     """Recompute and print; write summary.json unless a live master owns the directory."""
-    from aiperf.record.ledger import LEDGER_NAME, read_ledger_contents
+    from aiperf.record.ledger import LEDGER_NAME, LedgerStream, iter_ledger
     from aiperf.record.runlock import live_holder
-    from aiperf.record.schema import parse_records
-    from aiperf.record.summary import build_summary, format_summary, save_summary
+    from aiperf.record.summary import RunDigest, build_summary, format_summary, save_summary
 
     run_dir = _run_dir(args.run_dir)
-    contents = read_ledger_contents(run_dir)  # read once: the records, and whether the tail is torn
-    summary = build_summary(run_dir, parse_records(contents.records, run_dir / LEDGER_NAME))
-    torn = contents.torn_note(run_dir / LEDGER_NAME)
+    stream = LedgerStream(run_dir)  # read once, a record at a time: the summary, and whether the tail is torn
+    digest = RunDigest(run_dir / LEDGER_NAME, reread=lambda: iter_ledger(run_dir))
+    for record in iter_ledger(run_dir, stream):
+        digest.add(record)
+    summary = build_summary(run_dir, digest=digest)
+    torn = stream.torn_note(run_dir / LEDGER_NAME)
     if torn:
         _note(torn)
     holder = live_holder(run_dir)

@@ -44,6 +44,8 @@ MAX_SIDE = 4096  # pixels per image side, as `aiperf make-imagenet --max-side`
 MAX_BATCH = 1 << 20  # as `aiperf flops --batch-size`: 8x the largest published ImageNet batches
 MAX_NODES = 16_384  # as `aiperf scaling --nodes`
 MAX_WORKERS = 131_072  # 16,384 nodes x 8 accelerators
+MAX_SEARCH_BATCH = 4096  # architectures per GP fit: the candidate pool a fit scores is smaller than that
+MAX_AUTO_SEARCH_BATCH = 128  # search.batch auto: concurrent trials / 64, at most this
 ImageSide = Annotated[int, Field(ge=1, le=MAX_SIDE)]
 Channels = Annotated[int, Field(ge=1, le=64)]
 
@@ -260,6 +262,18 @@ class SearchConfig(_Section):
     candidates: int = Field(
         SEARCH.candidates, ge=1, le=100_000, description="candidate architectures scored per acquisition"
     )
+    batch: int | Literal["auto"] = Field(
+        "auto",
+        description="architectures proposed together from one GP fit (batch UCB); auto: concurrent trials / 64,"
+        f" 1 to {MAX_AUTO_SEARCH_BATCH} (docs/search.md)",
+    )
+
+    @field_validator("batch")
+    @classmethod
+    def _batch_range(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and not 1 <= value <= MAX_SEARCH_BATCH:
+            raise ValueError(f"must be auto or an integer from 1 to {MAX_SEARCH_BATCH}")
+        return value
 
 
 class ClusterConfig(_Section):

@@ -39,24 +39,69 @@ import io
 import json
 import math
 import pstats
+import resource
 import sys
 import tempfile
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aiperf.cluster.sim_pool import HybridClock, SimulatedWorkerPool
+import numpy as np
+
+from aiperf.cluster.sim_pool import HybridClock, SimulatedWorkerPool, default_accuracy
 from aiperf.config import load_config
 from aiperf.engine.assembly import open_session, run_start_record
 from aiperf.engine.search import make_search
 from aiperf.engine.weights import WeightStore
 from aiperf.record.schema import DatasetHeader
+from aiperf.training.trial import TrialSpec
 from nas import zoo
+from nas.graph import Graph
 from nas.proposer import Proposer, TrialProposal
 
 WORKERS_PER_NODE = 8  # eight accelerators per node, one trial each
+
+
+def bump_accuracy(seed: int) -> Callable[[TrialSpec, int], float]:
+    """A search objective with an optimum to find: accuracy peaks around one architecture's features.
+
+    The default simulated accuracy rises with depth alone, so any search that grows deep nets
+    tops it out. Here the final accuracy is ``0.5 + 0.45 exp(-|z|^2 / 2)`` with ``z`` the
+    scaled distance between the net's features (depth, log2 width, adds, concats, mean kernel,
+    log10 parameters) and those of a random architecture 8 morphs from the seed (seeded);
+    epochs approach it as ``1 - 0.5^epoch``. Deterministic per architecture, like a re-run.
+    """
+    from nas.limits import Limits
+    from nas.random_search import grow
+
+    rng = np.random.default_rng(1000 + seed)
+    seed_graph = zoo.small_resnet((28, 28, 1), 10, width=16)
+    target_graph, _ = grow(seed_graph, rng, 8, 3, Limits(60, 5_000_000, 1e12).admits)
+    target = _features(target_graph)
+    scale = 1.5 * rng.uniform(0.5, 1.5, size=len(target)) * np.array([3.0, 1.0, 1.5, 1.5, 1.0, 0.5])
+    finals: dict[str, float] = {}
+
+    def accuracy(spec: TrialSpec, epoch: int) -> float:
+        key = json.dumps(spec.graph["nodes"], sort_keys=True)
+        final = finals.get(key)
+        if final is None:
+            z = (_features(spec.architecture()) - target) / scale
+            final = finals[key] = float(0.5 + 0.45 * np.exp(-0.5 * z @ z))
+        return final * (1.0 - 0.5 ** (epoch + spec.start_epoch))
+
+    return accuracy
+
+
+def _features(graph: Graph) -> np.ndarray:
+    convs = [n for n in graph.nodes if n.op == "conv"]
+    width = sum(n.attrs["filters"] for n in convs) or 1
+    kernel = float(np.mean([n.attrs["kernel"][0] for n in convs])) if convs else 1.0
+    return np.array(
+        [graph.depth, np.log2(width), graph.count("add"), graph.count("concat"), kernel, np.log10(graph.param_count)]
+    )
 
 
 class WindowMeter:
@@ -164,6 +209,12 @@ class ScaleResult:
     steady_idle_fraction: float  # after the first trial length
     first_trial_all_busy_s: float | None  # simulated time until every worker was running
     master_load_last: float  # real master seconds per simulated second over the last trial length (1 = saturated)
+    search_batch: int = 1  # architectures per GP fit
+    best_reward: float = 0.0  # best final simulated accuracy of a completed trial
+    distinct_architectures: int = 0  # among all proposed trials
+    master_peak_rss_mib: float = 0.0  # the process's peak resident memory after this simulation
+    ledger_records: int = 0
+    ledger_bytes: int = 0
     windows: list[WindowRow] = field(default_factory=list)
 
 
@@ -230,6 +281,8 @@ def simulate(
     seed: int,
     ledger_dir: Path,
     window_s: float | None = None,
+    batch: str = "auto",
+    reward: str = "depth",
 ) -> ScaleResult:
     budget = trial_s * trials_per_worker
     cfg = load_config(
@@ -239,12 +292,15 @@ def simulate(
             f"train.epochs_per_trial={epochs}",
             f"run.seed={seed}",
             f"run.time_budget_s={budget}",
+            f"search.batch={batch}",
         ],
     )
     window_s = window_s or trial_s
     clock = HybridClock()
     proposer = TimedProposer(
-        make_search(cfg, zoo.small_resnet((28, 28, 1), 10, width=cfg.model.width), 256), clock, window_s
+        make_search(cfg, zoo.small_resnet((28, 28, 1), 10, width=cfg.model.width), 256, workers=workers),
+        clock,
+        window_s,
     )
     pool = RecordingPool(
         workers,
@@ -256,6 +312,7 @@ def simulate(
         queue_depth=cfg.cluster.queue_depth,
         batch_size=256,
         images=(50_000, 10_000),
+        accuracy_fn=bump_accuracy(seed) if reward == "bump" else default_accuracy,
     )
     # Assembled as every run is (run_start, the MLPerf-style log, the master from the config, run_stop).
     system = {"simulated": True, "workers": workers}
@@ -277,7 +334,17 @@ def simulate(
     starts = [v[0][0] for v in pool.intervals.values() if v]
     window = [(t, r) for t, r in pool.last_samples if t >= end - trial_s]
     load = (window[-1][1] - window[0][1]) / (window[-1][0] - window[0][0]) if len(window) > 1 else float("nan")
-    epoch_records = sum(1 for line in (ledger_dir / "ledger.jsonl").open() if '"type":"epoch"' in line)
+    epoch_records, best, keys, records = 0, 0.0, set(), 0
+    for line in (ledger_dir / "ledger.jsonl").open():
+        records += 1
+        if '"type":"epoch"' in line:
+            epoch_records += 1
+        elif '"type":"trial_start"' in line:
+            keys.add(json.loads(line)["arch_id"])
+        elif '"type":"trial_end"' in line:
+            record = json.loads(line)
+            if record.get("status") == "completed" and record.get("best_val_acc") is not None:
+                best = max(best, float(record["best_val_acc"]))
     return ScaleResult(
         workers=workers,
         trial_s=trial_s,
@@ -290,6 +357,12 @@ def simulate(
         steady_idle_fraction=max(0.0, 1.0 - steady / (workers * (end - trial_s))) if end > trial_s else float("nan"),
         first_trial_all_busy_s=max(starts) if len(starts) == workers else None,
         master_load_last=load,
+        search_batch=proposer.inner.settings.batch,
+        best_reward=best,
+        distinct_architectures=len(keys),
+        master_peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        ledger_records=records,
+        ledger_bytes=(ledger_dir / "ledger.jsonl").stat().st_size,
         windows=_windows(pool, proposer, workers, end),
     )
 
@@ -299,7 +372,8 @@ def _row(r: ScaleResult) -> str:
     return (
         f"{r.workers:>7} {r.trial_s / 60:>6.1f} {r.run_s / 60:>7.1f} {r.trials_started:>8} {r.epochs:>8}"
         f" {r.wall_s:>8.1f} {r.master_cpu_s:>8.1f} {busy:>9} {100 * r.idle_fraction:>7.3f}"
-        f" {100 * r.steady_idle_fraction:>8.3f} {r.master_load_last:>6.3f}"
+        f" {100 * r.steady_idle_fraction:>8.3f} {r.master_load_last:>6.3f} {r.search_batch:>5}"
+        f" {r.best_reward:>7.4f} {r.distinct_architectures:>7} {r.master_peak_rss_mib:>7.0f}"
     )
 
 
@@ -329,6 +403,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", type=int, default=0, metavar="N", help="cProfile the largest run; print N rows")
     p.add_argument("--ledger-dir", default=None, help="where the ledgers go (default: a temporary directory)")
     p.add_argument("--json", default=None, help="also write the results here")
+    p.add_argument("--batch", default="auto", help="search.batch: architectures per GP fit (auto: workers / 64)")
+    p.add_argument(
+        "--reward",
+        choices=("depth", "bump"),
+        default="depth",
+        help="simulated accuracy: grows with depth, or peaks around one architecture (to compare search quality)",
+    )
     args = p.parse_args(argv)
     counts = [int(x) for x in args.workers.split(",") if x.strip()]
     base = Path(args.ledger_dir) if args.ledger_dir else Path(tempfile.mkdtemp(prefix="scale-sim-"))
@@ -340,7 +421,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     header = (
         f"{'workers':>7} {'trial':>6} {'run':>7} {'trials':>8} {'epochs':>8} {'wall_s':>8} {'cpu_s':>8}"
-        f" {'all_busy':>9} {'idle_%':>7} {'steady_%':>8} {'load':>6}"
+        f" {'all_busy':>9} {'idle_%':>7} {'steady_%':>8} {'load':>6} {'batch':>5} {'best':>7} {'archs':>7}"
+        f" {'rss_MiB':>7}"
     )
     print(header, flush=True)
     results = []
@@ -349,8 +431,9 @@ def main(argv: list[str] | None = None) -> int:
         if profiler:
             profiler.enable()
         r = simulate(
-            n, 60 * args.trial_minutes, args.epochs, args.trials_per_worker, args.seed, base / f"w{n}", window_s
-        )
+            n, 60 * args.trial_minutes, args.epochs, args.trials_per_worker, args.seed, base / f"w{n}", window_s,
+            args.batch, args.reward,
+        )  # fmt: skip
         if profiler:
             profiler.disable()
         results.append(r)

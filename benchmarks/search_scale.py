@@ -94,6 +94,7 @@ def measure(size: int, args: argparse.Namespace) -> dict[str, float]:
         seed=args.seed,
         candidates=args.candidates,
         gp_window=args.gp_window,
+        batch=args.batch,
         hparam_space=HyperparameterSpace(),
         default_hparams={
             "learning_rate": 0.05,
@@ -165,11 +166,12 @@ def main() -> None:
     parser.add_argument("--max-flops", type=float, default=2e9)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--freeze-gc", action="store_true", help="gc.freeze() after the restore")
+    parser.add_argument("--batch", type=int, default=1, help="architectures per GP fit (search.batch)")
     args = parser.parse_args()
     print(
         f"strategy={args.strategy} seed_architecture={args.seed_architecture} candidates={args.candidates} "
         f"gp_window={args.gp_window} workers_in_flight={args.workers} timed_asks={args.asks} "
-        f"freeze_gc={args.freeze_gc}"
+        f"freeze_gc={args.freeze_gc} batch={args.batch}"
     )
     header = (
         "history",

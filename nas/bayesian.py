@@ -340,10 +340,6 @@ class BayesianMorphSearch(ArchitectureStrategy):
 
     # --- observations ----------------------------------------------------------------------
     def observe(self, key: str, graph: Graph, status: ArchitectureStatus | None) -> None:
-        with self._one_blas_thread():
-            self._observe(key, graph, status)
-
-    def _observe(self, key: str, graph: Graph, status: ArchitectureStatus | None) -> None:
         old = self._entries.get(key)
         if status is None:
             self._entries.pop(key, None)
@@ -374,7 +370,8 @@ class BayesianMorphSearch(ArchitectureStrategy):
         """
         if self._dirty or self._posterior is None:
             return None
-        mean, _ = self._posterior.predict([graph])
+        with self._one_blas_thread():  # only here: entering the limit costs more than most observations
+            mean, _ = self._posterior.predict([graph])
         return self._posterior.target(float(mean[0]))
 
     # --- the surrogate ---------------------------------------------------------------------
@@ -439,71 +436,120 @@ class BayesianMorphSearch(ArchitectureStrategy):
 
     # --- acquisition -----------------------------------------------------------------------
     def propose(self, origins: Mapping[str, Origin], taken: Taken) -> Child | None:
-        with self._one_blas_thread():
-            return self._propose(origins, taken)
+        children = self.propose_batch(origins, taken, 1)
+        return children[0] if children else None
 
-    def _propose(self, origins: Mapping[str, Origin], taken: Taken) -> Child | None:
+    def propose_batch(self, origins: Mapping[str, Origin], taken: Taken, count: int) -> list[Child]:
+        """Up to ``count`` children from one fit and one tree search (GP-BUCB, see :meth:`_pick_batch`)."""
+        with self._one_blas_thread():
+            return self._propose(origins, taken, max(1, int(count)))
+
+    def _propose(self, origins: Mapping[str, Origin], taken: Taken, count: int) -> list[Child]:
         self.note = ""
         if not origins:
             self.note = "no completed architecture to grow from"
-            return None
+            return []
         posterior = self.posterior()
         if posterior is None:
             self.note = self._fit_error or "no observations for the surrogate"
-            return None
+            return []
         if len(self._embed) > MAX_CACHED_EMBEDDINGS:
             # Keep what the next fits and scores need; anything else is re-embedded if it comes back.
             self._embed.forget({*self._window_keys, *self._pending, *self._pool})
         self._refresh_pool(origins, taken)
-        # A warm pool carries earlier asks' candidates, so fewer fresh expansions are needed.
+        # A warm pool carries earlier asks' candidates, so fewer fresh expansions are needed; a
+        # batch takes ``count`` candidates out of it, so as many fresh ones are added.
         budget = (
             self._candidates if len(self._pool) < self._candidates else max(EXPANSIONS_PER_ROUND, self._candidates // 4)
-        )
+        ) + (count - 1)
         self._tree_search(posterior, origins, taken, budget)
         if not self._pool:
             self.note = "no untried child within the limits"
-            return None
+            return []
         nodes = list(self._pool.values())
-        mean, std = posterior.predict([n.graph for n in nodes])
-        scores = mean + self.ucb_beta * std
-        for node, score in zip(nodes, scores, strict=True):
+        if count == 1:
+            mean, std = posterior.predict([n.graph for n in nodes])
+            cov = None
+        else:
+            mean, cov = posterior.gp.predict_joint(posterior.embed([n.graph for n in nodes]))
+            std = np.sqrt(np.maximum(np.diag(cov), 0.0))
+        for node, score in zip(nodes, mean + self.ucb_beta * std, strict=True):
             node.score = float(score)
-        pick = self._pick(nodes, scores)
-        if pick is None:
+        picks = self._pick_batch(nodes, mean, std, cov, count, posterior.gp.hyper.noise_variance)
+        if not picks:
             self.note = "every candidate exceeded the FLOPs limit or the size band"
-            return None
-        best = nodes[pick]
-        del self._pool[best.graph.key()]
+            return []
+        children = []
+        for rank, (index, ucb, sigma) in enumerate(picks):
+            best = nodes[index]
+            del self._pool[best.graph.key()]
+            info = {
+                "strategy": self.name,
+                "ucb": round(ucb, 6),
+                "predicted_accuracy": round(from_target(posterior.target(float(mean[index]))), 6),
+                "predicted_std": round(sigma, 6),
+                "candidates": len(nodes),
+                "gp_points": posterior.points,
+            }
+            if count > 1:
+                info["batch"] = [rank, len(picks)]
+            children.append(Child(best.origin, best.graph, best.morphs, info))
         if len(self._pool) > POOL_FACTOR * self._candidates:
             keep = heapq.nlargest(POOL_FACTOR * self._candidates, self._pool.values(), key=lambda n: n.score)
             self._pool = {n.graph.key(): n for n in keep}
-        info = {
-            "strategy": self.name,
-            "ucb": round(float(scores[pick]), 6),
-            "predicted_accuracy": round(from_target(posterior.target(float(mean[pick]))), 6),
-            "predicted_std": round(float(std[pick]), 6),
-            "candidates": len(nodes),
-            "gp_points": posterior.points,
-        }
-        return Child(best.origin, best.graph, best.morphs, info)
+        return children
 
-    def _pick(self, nodes: list[_Node], scores: np.ndarray) -> int | None:
-        """The best-UCB candidate within the limits and the size band; else the one nearest below the band.
+    def _pick_batch(
+        self, nodes: list[_Node], mean: np.ndarray, std: np.ndarray, cov: np.ndarray | None, count: int, noise: float
+    ) -> list[tuple[int, float, float]]:
+        """Greedy batch UCB: (index, UCB, sigma) of each pick, best first.
 
-        Candidates over a fixed limit can never be proposed and leave the pool; those outside
-        the band stay, as the band moves with the run.
+        After each pick the posterior is conditioned on a *believed* outcome there (its own
+        mean): the mean stays and the variance shrinks around the pick (GP-BUCB, Desautels et
+        al. 2014), so the next pick is the best UCB that is not a near-copy of an earlier one.
+        That is the kriging believer the fit applies to pending trials, without a refit per pick.
+        """
+        picks: list[tuple[int, float, float]] = []
+        available = np.ones(len(nodes), dtype=bool)
+        ranks: dict[int, float] = {}
+        while len(picks) < count:
+            scores = mean + self.ucb_beta * std
+            index = self._pick(nodes, np.where(available, scores, -np.inf), available, ranks)
+            if index is None:
+                break
+            picks.append((index, float(scores[index]), float(std[index])))
+            available[index] = False
+            if cov is not None and len(picks) < count:
+                column = cov[:, index].copy()
+                cov -= np.outer(column, column) / (column[index] + noise)
+                std = np.sqrt(np.maximum(np.diag(cov), 0.0))
+        return picks
+
+    def _pick(
+        self, nodes: list[_Node], scores: np.ndarray, available: np.ndarray, ranks: dict[int, float]
+    ) -> int | None:
+        """The best-UCB available candidate within the limits and the size band; else the one nearest below the band.
+
+        Candidates over a fixed limit can never be proposed and leave the pool (and ``available``);
+        those outside the band stay, as the band moves with the run. ``ranks`` caches size ranks.
         """
         fallback, fallback_rank = None, math.inf
         for index in np.argsort(-scores, kind="stable"):
-            node = nodes[int(index)]
-            if not self._accept(node.graph):
-                del self._pool[node.graph.key()]
+            index = int(index)
+            if not available[index]:
                 continue
-            rank = self._size_rank(node.graph) if self._size_rank is not None else 0.0
+            rank = ranks.get(index)
+            if rank is None:
+                node = nodes[index]
+                if not self._accept(node.graph):
+                    del self._pool[node.graph.key()]
+                    available[index] = False
+                    continue
+                rank = ranks[index] = self._size_rank(node.graph) if self._size_rank is not None else 0.0
             if rank == 0.0:
-                return int(index)
+                return index
             if rank < fallback_rank:
-                fallback, fallback_rank = int(index), rank
+                fallback, fallback_rank = index, rank
         return fallback
 
     @staticmethod
@@ -595,6 +641,14 @@ class BayesianMorphSearch(ArchitectureStrategy):
             frontier = [n for n in frontier if not n.exhausted]
             if not batch:
                 continue
+            if self._size_rank is not None:
+                # Above the size band now: not proposable, and growth only makes its descendants larger.
+                # Pooling such children filled the pool with candidates no pick could take (a batch of
+                # 64 found 0-7 in it; benchmarks/RESULTS.md, "Batched proposals").
+                batch = [(parent, child) for parent, child in batch if self._size_rank(child.graph) < math.inf]
+                if not batch:
+                    temperature *= COOLING
+                    continue
             child_scores = self._ucb(posterior, [c.graph for _, c in batch])
             for (parent, child), score in zip(batch, child_scores, strict=True):
                 child.score = float(score)

@@ -256,6 +256,17 @@ class GaussianProcess:
         var = h.signal_variance - np.sum(v * v, axis=0)
         return mean, np.sqrt(np.maximum(var, 0.0))
 
+    def predict_joint(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Posterior mean and full covariance at ``x``: what a batch of proposals conditions on."""
+        x = np.asarray(x, dtype=np.float64)
+        h = self.hyper
+        prior = rbf_kernel(x, x, h.length_scale, h.signal_variance)
+        if not self.fitted:
+            return np.zeros(len(x)), prior
+        cross = rbf_kernel(x, self._x, h.length_scale, h.signal_variance)
+        v = solve_triangular(self._factor, cross.T, lower=True)
+        return cross @ self._alpha, prior - v.T @ v
+
 
 class LandmarkEmbedding:
     """Architectures as vectors of distances to fixed landmarks (scaled by 1/sqrt(#landmarks)).

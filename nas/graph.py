@@ -515,6 +515,8 @@ class Graph:
 
     def with_attrs(self, op: str, **attrs: Any) -> Graph:
         """A copy where every node of ``op`` has ``attrs`` overridden (e.g. all dropout rates)."""
+        if all(n.attrs.get(k) == v for n in self.nodes if n.op == op for k, v in attrs.items()):
+            return self  # nothing changes: no rebuild (the master applies each trial's dropout rate)
         nodes = [make_node(n.id, n.op, n.inputs, {**n.attrs, **attrs}) if n.op == op else n for n in self.nodes]
         return Graph(nodes, name=self.name)
 

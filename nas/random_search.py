@@ -136,6 +136,11 @@ class ArchitectureStrategy(ABC):
     def propose(self, origins: Mapping[str, Origin], taken: Taken) -> Child | None:
         """A child of one of ``origins`` (by architecture key) that is not ``taken``, or None."""
 
+    def propose_batch(self, origins: Mapping[str, Origin], taken: Taken, count: int) -> list[Child]:
+        """Up to ``count`` distinct children at once (a strategy that gains from batching overrides this)."""
+        child = self.propose(origins, taken)
+        return [] if child is None else [child]
+
 
 class RandomMorphSearch(ArchitectureStrategy):
     """Uniformly random origin, then 1..``max_morphs`` random morphs (AIPerf's random baseline)."""

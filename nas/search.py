@@ -27,10 +27,12 @@ that needs no weights -- random morph children of the seed trained from scratch
 
 from __future__ import annotations
 
-import heapq
+import bisect
 import math
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from itertools import islice
 from typing import Any
 
 import numpy as np
@@ -46,16 +48,17 @@ from nas.proposer import HPARAM_KEYS, Proposer, TrialKind, TrialProposal
 from nas.random_search import (
     ArchitectureStatus,
     ArchitectureStrategy,
+    Child,
     Origin,
     Origins,
     RandomMorphSearch,
-    grow,
 )
 from nas.schedule import SizeSchedule
+from nas.startup import StartupChildren
 
 TUNE_CANDIDATES = 3  # lineages considered for re-tuning: the best three
 TUNE_RESAMPLES = 3  # TPE samples tried when a sampled kernel makes the graph exceed the limits
-STARTUP_ATTEMPTS = 32
+STARTUP_DEPTH = 3  # start-up children are at most this many morphs from the seed (or max_morphs_per_child)
 _KINDS = frozenset(TrialKind)  # restore() takes kinds read back from a ledger as plain strings
 
 
@@ -73,6 +76,7 @@ class SearchSettings:
     default_hparams: Mapping[str, Any] = field(default_factory=lambda: dict(DEFAULT_HPARAMS))
     hparam_space: HyperparameterSpace = field(default_factory=HyperparameterSpace)
     landmarks: int = 32
+    batch: int = 1  # architecture children proposed together from one fit (see AutoMLSearch._arch)
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -81,7 +85,13 @@ class SearchSettings:
             raise NasError(f"retune_fraction must be in [0, 1], got {self.retune_fraction}")
         if not (math.isfinite(self.ucb_beta) and self.ucb_beta >= 0):
             raise NasError(f"ucb_beta must be a non-negative number, got {self.ucb_beta}")
-        for name, low in (("max_morphs_per_child", 1), ("gp_window", 8), ("candidates", 1), ("landmarks", 2)):
+        for name, low in (
+            ("max_morphs_per_child", 1),
+            ("gp_window", 8),
+            ("candidates", 1),
+            ("landmarks", 2),
+            ("batch", 1),
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise NasError(f"{name} must be an integer >= {low}, got {value!r}")
@@ -122,6 +132,7 @@ class _Architecture:
 
     running: list[str] = field(default_factory=list)  # its pending trials, in proposal order
     best_final: float | None = None  # best final accuracy over its completed trials
+    lead: str | None = None  # the running trial with a partial result furthest along (progress, then accuracy)
 
 
 def _lineage(parent: str | None, morphs: tuple[Morph, ...]) -> tuple:
@@ -187,10 +198,16 @@ class AutoMLSearch(Proposer):
         self._roots: dict[tuple, str] = {}  # lineage -> its seed/arch trial
         self._done_order: dict[str, int] = {}  # completed root -> how many roots completed before it
         self._top_roots: list[str] = []  # the TUNE_CANDIDATES completed roots with the best lineages, best first
+        self._ranked: list[
+            tuple[float, int, str]
+        ] = []  # every completed root as (-lineage best, done order, id), sorted
+        self._rank_of: dict[str, tuple[float, int, str]] = {}  # root -> its entry in _ranked
         self._lineage_best: dict[str, float] = {}  # root -> best accuracy in its lineage
         self._tunes_per_root: dict[str, int] = {}
         self._waiting_tpe: dict[str, list[str]] = {}  # root -> tune trials finished before it
         self._seed_trial: str | None = None
+        self._startup: StartupChildren | None = None  # made at the first start-up child
+        self._queued: deque[Child] = deque()  # children of the last batch, handed out in order
         self._asks = 0  # asks after the seed
         self._tunes = 0
 
@@ -226,6 +243,10 @@ class AutoMLSearch(Proposer):
         trial.value = float(value)
         if not final:
             trial.partials += 1
+            arch = self._by_key[trial.key]
+            # A trial's (progress, accuracy) only rises, so the lead changes only to the trial just told.
+            if arch.lead is None or (trial.progress, trial.value) > self._lead_key(arch.lead):
+                arch.lead = trial_id
         else:
             trial.state = "final"
             arch = self._by_key[trial.key]
@@ -239,6 +260,9 @@ class AutoMLSearch(Proposer):
         trial.state = "failed"
         arch = self._by_key[trial.key]
         arch.running.remove(trial_id)
+        if arch.lead == trial_id:  # rare: a failed lead; the next one is found among the others
+            told = [t for t in arch.running if self._trials[t].value is not None]
+            arch.lead = max(told, key=self._lead_key) if told else None
         if not arch.running and arch.best_final is None:
             del self._by_key[trial.key]
         self.tuner.fail(trial_id)
@@ -263,7 +287,11 @@ class AutoMLSearch(Proposer):
         """A new architecture: grown from a completed one, or from the seed during start-up."""
         if not self._origins:
             return self._startup_child()
-        child = self.strategy.propose(self._origins, self._taken)
+        child = self._next_queued()
+        if child is None:
+            batch = self.strategy.propose_batch(self._origins, self._taken, self.settings.batch)
+            self._queued.extend(batch[1:])
+            child = batch[0] if batch else None
         reason = None
         if child is None and self.strategy is not self._fallback:
             reason = f"{self.strategy.name}: {self.strategy.note or 'no candidate'}; random morphs instead"
@@ -280,25 +308,44 @@ class AutoMLSearch(Proposer):
             child.graph, TrialKind.ARCH, hparams, parent=best_trial, inherit=best_trial, morphs=child.morphs, info=info
         )
 
-    def _startup_child(self) -> TrialProposal | None:
-        """A random morph child of the seed, trained from scratch (no completed trial to inherit)."""
-        hparams = dict(self.settings.default_hparams)
-        most = self.settings.max_morphs_per_child
-        for attempt in range(STARTUP_ATTEMPTS):
-            # Longer walks only when the short ones keep hitting taken architectures.
-            steps = int(self._rng.integers(1, most + 1)) + attempt // 8
-            grown = grow(self.seed_graph, self._rng, steps, hparams["kernel_size"], self._admits_now)
-            if grown is not None and not self._taken(grown[0].key()):
-                return TrialProposal(
-                    grown[0],
-                    TrialKind.ARCH,
-                    hparams,
-                    parent=self._seed_trial,
-                    inherit=None,
-                    morphs=grown[1],
-                    info={"reason": "start-up: nothing completed to inherit"},
-                )
+    def _next_queued(self) -> Child | None:
+        """The next child of the last batch that can still be proposed as it was chosen.
+
+        One dropped: its architecture was taken since, its origin's best trial now has another
+        architecture or kernel (the morphs would not apply as chosen), or the size band moved.
+        """
+        while self._queued:
+            child = self._queued.popleft()
+            origin = self._origins.get(child.origin.key)
+            if (
+                origin is None
+                or self._taken(child.graph.key())
+                or origin.kernel_size != child.origin.kernel_size
+                or not (origin.graph is child.origin.graph or origin.graph == child.origin.graph)
+                or not self._admits_now(child.graph)
+            ):
+                continue
+            return replace(child, origin=origin)
         return None
+
+    def _startup_child(self) -> TrialProposal | None:
+        """A child of the seed trained from scratch (no completed trial to inherit), breadth first."""
+        hparams = dict(self.settings.default_hparams)
+        if self._startup is None:
+            depth = max(STARTUP_DEPTH, self.settings.max_morphs_per_child)
+            self._startup = StartupChildren(self.seed_graph, self._rng, hparams["kernel_size"], self._admits_now, depth)
+        grown = self._startup.next(self._taken)
+        if grown is None:
+            return None
+        return TrialProposal(
+            grown[0],
+            TrialKind.ARCH,
+            hparams,
+            parent=self._seed_trial,
+            inherit=None,
+            morphs=grown[1],
+            info={"reason": "start-up: nothing completed to inherit"},
+        )
 
     def _tune_target(self, anywhere: bool) -> str | None:
         """The lineage root to re-tune: of the best three, the one re-tuned least; the seed at start-up.
@@ -312,8 +359,8 @@ class AutoMLSearch(Proposer):
         best = self._lineage_best
         roots = self._top_roots
         if self.schedule is not None and not anywhere:
-            in_band = (r for r in self._done_order if self._size_rank(self._trials[r].proposal.graph) == 0.0)
-            roots = heapq.nsmallest(TUNE_CANDIDATES, in_band, key=lambda r: (-best[r], self._done_order[r]))
+            # Best lineage first, so the scan stops at the third one inside the band (not all roots every ask).
+            roots = list(islice(self._in_band_ranked(), TUNE_CANDIDATES))
             if not roots:
                 return None
         return min(roots, key=lambda r: (self._tunes_per_root[r], -best[r]))
@@ -403,9 +450,18 @@ class AutoMLSearch(Proposer):
         """
         if root not in self._done_order:
             return
-        top = [r for r in self._top_roots if r != root] + [root]
-        top.sort(key=lambda r: (-self._lineage_best[r], self._done_order[r]))
-        self._top_roots = top[:TUNE_CANDIDATES]
+        old = self._rank_of.get(root)
+        if old is not None:
+            del self._ranked[bisect.bisect_left(self._ranked, old)]
+        entry = self._rank_of[root] = (-self._lineage_best[root], self._done_order[root], root)
+        bisect.insort(self._ranked, entry)
+        self._top_roots = [r for _, _, r in self._ranked[:TUNE_CANDIDATES]]
+
+    def _in_band_ranked(self) -> Iterator[str]:
+        """Completed roots inside the size band now, best lineage first."""
+        for _, _, root in self._ranked:
+            if self._size_rank(self._trials[root].proposal.graph) == 0.0:
+                yield root
 
     def _report_tune(self, trial: _Trial) -> None:
         """Tell TPE a finished tune trial's gain over its lineage root (or hold it until the root ends)."""
@@ -430,6 +486,10 @@ class AutoMLSearch(Proposer):
             raise NasError(f"trial {trial_id} has already ended ({trial.state})")
         return trial
 
+    def _lead_key(self, trial_id: str) -> tuple[float, float]:
+        trial = self._trials[trial_id]
+        return trial.progress, trial.result
+
     def _taken(self, key: str) -> bool:
         return key in self._by_key
 
@@ -440,9 +500,8 @@ class AutoMLSearch(Proposer):
             return None
         if arch.best_final is not None:
             return ArchitectureStatus("final", arch.best_final)
-        partial = [self._trials[t] for t in arch.running if self._trials[t].value is not None]
-        if partial:
-            lead = max(partial, key=lambda t: (t.progress, t.value))
+        if arch.lead is not None:
+            lead = self._trials[arch.lead]
             return ArchitectureStatus("partial", lead.value, lead.progress)
         return ArchitectureStatus("pending")
 

@@ -17,6 +17,8 @@ TOO_LARGE = [
     ("cluster.max_trial_retries=1000", "less than or equal to 100"),
     ("cluster.cpus_per_trial=100000", "from 1 to 1024"),
     ("search.candidates=1000000000", "less than or equal to 100000"),
+    ("search.batch=100000", "auto or an integer from 1 to 4096"),
+    ("search.batch=0", "auto or an integer from 1 to 4096"),
     ("search.gp_window=1000000000", "less than or equal to 20000"),
     ("search.max_layers=1000000", "less than or equal to 10000"),
     ("search.max_params=100000000000000", "less than or equal to 10000000000000"),
@@ -68,3 +70,13 @@ def test_the_built_in_configs_are_inside_every_limit():
 
     for name in BUILTIN_CONFIGS:
         load_config(name)
+
+
+@pytest.mark.parametrize(
+    ("workers", "batch"), [(1, 1), (64, 1), (127, 1), (128, 2), (4096, 64), (65_536, 128), (10**6, 128)]
+)
+def test_search_batch_auto_is_one_architecture_per_64_concurrent_trials_up_to_128(workers, batch):
+    from aiperf.engine.search import search_batch
+
+    assert search_batch(load_config("default"), workers) == batch
+    assert search_batch(load_config("default", ["search.batch=7"]), workers) == 7

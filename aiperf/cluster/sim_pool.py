@@ -43,9 +43,20 @@ class HybridClock:
 
 @dataclass
 class _SimTask:
+    """A submitted trial, reduced to what its simulation needs.
+
+    The accuracies of every epoch are computed at submission, so the spec (with its whole
+    graph) is not held while the trial waits and runs: at 65,536 workers, two queued trials
+    each, the specs were gigabytes of the benchmark's memory, not the master's.
+    """
+
     trial: str
     attempt: int
-    spec: TrialSpec
+    epochs: int
+    start_epoch: int
+    batch_size: int
+    accuracies: tuple[float, ...]  # after epoch 1, 2, ..., epochs
+    spec: TrialSpec | None = None  # kept only for a failure_fn
     start: float = 0.0
     epochs_done: int = 0
     epoch_s: float = 0.0
@@ -187,11 +198,20 @@ class SimulatedWorkerPool(WorkerPool):
         resume_weights: Any = None,
     ) -> None:
         w = self._workers[worker]
-        task = _SimTask(trial, attempt, TrialSpec.from_dict(spec))
+        trial_spec = TrialSpec.from_dict(spec)
+        task = _SimTask(
+            trial,
+            attempt,
+            trial_spec.epochs,
+            trial_spec.start_epoch,
+            int(trial_spec.hparams["batch_size"]),
+            tuple(float(self.accuracy_fn(trial_spec, e)) for e in range(1, trial_spec.epochs + 1)),
+            trial_spec if self.failure_fn is not None else None,
+        )
         now = self.clock()
         task.start = max(now, w.free_at)
-        task.epoch_s = self._epoch_seconds(task.spec)
-        epochs = task.spec.epochs - task.spec.start_epoch
+        task.epoch_s = self._epoch_seconds(trial_spec)
+        epochs = task.epochs - task.start_epoch
         end = task.start + self.startup_s + epochs * task.epoch_s
         w.free_at = end
         w.queue.append(task)
@@ -242,7 +262,7 @@ class SimulatedWorkerPool(WorkerPool):
             if kind == "start":
                 started = TrialStarted(worker=wid)
                 events.append(PoolEvent(EventKind.START, wid, task.trial, task.attempt, report=started, started=True))
-            elif kind == "epoch" and self.failure_fn is not None and self.failure_fn(task.spec):
+            elif kind == "epoch" and task.spec is not None and self.failure_fn and self.failure_fn(task.spec):
                 w.queue.remove(task)  # the trial raised during training: the worker itself survives
                 self._refresh_free(w)
                 events.append(
@@ -256,8 +276,8 @@ class SimulatedWorkerPool(WorkerPool):
                     )
                 )
             elif kind == "epoch":
-                epoch = task.spec.start_epoch + extra
-                acc = float(self.accuracy_fn(task.spec, epoch))
+                epoch = task.start_epoch + extra
+                acc = task.accuracies[epoch - 1]
                 w.busy_s += task.epoch_s
                 idle = None
                 if extra == 1 and w.last_step_end is not None:
@@ -282,7 +302,7 @@ class SimulatedWorkerPool(WorkerPool):
                             eval_s=task.epoch_s * 0.1,
                             data_wait_s=0.0,
                             input="simulated",
-                            batch_size=int(task.spec.hparams["batch_size"]),
+                            batch_size=task.batch_size,
                             precision="float32",
                             oom_retries=0,
                             weights={},
@@ -293,7 +313,7 @@ class SimulatedWorkerPool(WorkerPool):
             else:
                 w.queue.remove(task)
                 self._refresh_free(w)
-                best = max(float(self.accuracy_fn(task.spec, e)) for e in range(1, task.spec.epochs + 1))
+                best = max(task.accuracies)
                 events.append(
                     PoolEvent(
                         EventKind.DONE,
@@ -306,8 +326,8 @@ class SimulatedWorkerPool(WorkerPool):
                             startup_s=self.startup_s,
                             first_step_s=None,
                             best_val_acc=best,
-                            batch_size=int(task.spec.hparams["batch_size"]),
-                            requested_batch_size=int(task.spec.hparams["batch_size"]),
+                            batch_size=task.batch_size,
+                            requested_batch_size=task.batch_size,
                             precision="float32",
                         ),
                     )

@@ -35,7 +35,7 @@ from aiperf.cluster.pool import FINAL_ANSWER_S, PoolEvent, WorkerPool
 from aiperf.datasets.bad_images import over_limit, skipped_note, too_many_bad_images
 from aiperf.engine.progress import Progress
 from aiperf.engine.weights import WeightStore
-from aiperf.metrics.flops import GraphCost, aiperf_compatible_operations, count_flops, epoch_operations
+from aiperf.metrics.flops import GraphCost, aiperf_compatible_operations, count_flops_memo, epoch_operations
 from aiperf.record.ledger import LedgerWriter
 from aiperf.record.schema import (
     BadImagesRecord,
@@ -67,6 +67,9 @@ logger = logging.getLogger(__name__)  # aiperf -v run: each trial's lifecycle at
 # final "alive?" to the workers holding trials (FINAL_ANSWER_S), the idle workers' final stats (5 s)
 # and the control-plane watch's last question (2 s), with room to spare; tests/cluster/test_control_plane.py.
 BUDGET_GRACE_S = 15.0
+# The longest a written ledger record waits for its fsync (group commit; docs/ledger.md): a machine
+# crash can lose at most this much of records nothing was yet decided on. A killed process loses none.
+MAX_UNSYNCED_S = 1.0
 
 
 @dataclass
@@ -174,10 +177,11 @@ class Master:
         self.weights = weights
         self.progress = progress
         self.clock = clock or ledger.elapsed
-        self.trials: dict[str, TrialState] = {}
+        self.trials: dict[str, TrialState] = {}  # pending, running and re-queued trials, and those with kept weights
         self.active: dict[str, TrialState] = {}  # submitted and not ended
         self.retry_queue: list[TrialState] = []
         self.compiled_on: dict[str, OrderedDict[str, None]] = {}  # worker -> architectures it has compiled (LRU)
+        self.compiled_by: dict[str, dict[str, None]] = {}  # architecture -> workers that have it compiled
         self.held: dict[str, TrialState] = {}  # worker -> a trial kept for it: it has the architecture compiled
         self._ids = itertools.count(first_trial)
         self.proposed = first_trial
@@ -253,6 +257,7 @@ class Master:
                 self._fill()
                 timeout = min(self.settings.poll_s, max(0.0, self.settings.time_budget_s - now))
                 self._handle(self.pool.wait(timeout))
+                self.ledger.sync_due(MAX_UNSYNCED_S)
                 self._check_workers()
                 if self.progress is not None:
                     running = sum(1 for st in self.active.values() if st.started)
@@ -288,7 +293,7 @@ class Master:
         proposal = self.proposer.ask(trial_id)
         graph = apply_hparams(proposal.graph, proposal.hparams)  # what the worker will build
         seed = self.settings.seed * 100_003 + self.proposed
-        state = TrialState(trial_id, proposal, count_flops(graph), seed, graph, compile_key=compile_key(graph))
+        state = TrialState(trial_id, proposal, count_flops_memo(graph), seed, graph, compile_key=compile_key(graph))
         self.trials[trial_id] = state
         if logger.isEnabledFor(logging.INFO):
             origin = f" of {proposal.parent}" if proposal.parent else ""
@@ -325,7 +330,10 @@ class Master:
         return spec.to_dict(), parent_ref, resume_ref
 
     def _fill(self) -> None:
-        for worker in self.pool.free_workers():
+        free = self.pool.free_workers()
+        if free:
+            self.ledger.sync()  # what the next proposals learn from is durable before they are made
+        for worker in free:
             state = self._next_for(worker)
             if state is None:
                 return
@@ -371,8 +379,8 @@ class Master:
         """Another live worker with ``key`` compiled and nothing held for it (None if ``worker`` has it too)."""
         if key in (self.compiled_on.get(worker) or ()):
             return None
-        for other, keys in self.compiled_on.items():
-            if other != worker and other not in self.held and other not in self.retired and key in keys:
+        for other in self.compiled_by.get(key, ()):  # a few workers, not all of them (65,536 at scale)
+            if other != worker and other not in self.held and other not in self.retired:
                 return other
         return None
 
@@ -383,21 +391,32 @@ class Master:
         keys = self.compiled_on.setdefault(worker, OrderedDict())
         keys[key] = None
         keys.move_to_end(key)
+        self.compiled_by.setdefault(key, {})[worker] = None
         while len(keys) > self.settings.compiled_models:
-            keys.popitem(last=False)
+            self._forget_compiled(worker, keys.popitem(last=False)[0])
+
+    def _forget_compiled(self, worker: str, key: str) -> None:
+        workers = self.compiled_by.get(key)
+        if workers is not None:
+            workers.pop(worker, None)
+            if not workers:
+                del self.compiled_by[key]
 
     def _release_held(self, worker: str) -> None:
         """A worker that is gone takes nothing held for it: that trial never started, so it simply runs elsewhere."""
-        self.compiled_on.pop(worker, None)
+        for key in self.compiled_on.pop(worker, None) or ():
+            self._forget_compiled(worker, key)
         state = self.held.pop(worker, None)
         if state is not None:
             self.retry_queue.append(state)
 
     # -- events ----------------------------------------------------------------------------------
     def _handle(self, events: list[PoolEvent]) -> None:
-        # One fsync for the batch's records, at its end: before anything is proposed or submitted
-        # on the strength of them (the ledger's durability contract, docs/ledger.md).
-        with self.ledger.batch():
+        # Group commit: the records are written now and fsync'ed before anything is proposed or
+        # submitted on the strength of them (_fill), or MAX_UNSYNCED_S after, whichever comes first
+        # (the ledger's durability contract, docs/ledger.md). One fsync per event batch was a third
+        # of the master's time at 2,048 workers on a busy disk (benchmarks/RESULTS.md, "Thousands of nodes").
+        with self.ledger.batch(durable=False):
             for ev in events:
                 handler = self._handlers.get(ev.kind)
                 if handler is None:  # a kind added to EventKind without a handler: never silently ignored
@@ -595,6 +614,7 @@ class Master:
                 )
             )
         self.completed += 1
+        self._forget_ended(state.trial_id)
         done = f"{state.epochs_done} epoch(s), best val_acc {best:.4f}"
         logger.info(f"trial {state.trial_id} completed on worker {ev.worker}: {done}")
         self.proposer.tell(state.trial_id, best, final=True)
@@ -634,10 +654,24 @@ class Master:
             status = TrialStatus.UNRESPONSIVE if ev.unresponsive else TrialStatus.LOST
         logger.info(f"trial {state.trial_id} {status} on worker {ev.worker}: {ev.error}")
         self._record_end(state, status, ev.error, ev.worker, now)
+        self._forget_ended(state.trial_id)
         self.proposer.forget(state.trial_id)
         if self.progress is not None:
             self.progress.trial_failed(state.trial_id, ev.error)
         self._note_failure(ev.worker, ev.error)
+
+    def _forget_ended(self, trial_id: str) -> None:
+        """Drop an ended trial's state unless children may still inherit its weights (its graph is needed).
+
+        At 65,536 workers a run ends hundreds of thousands of trials; each one's graph and FLOPs
+        count are about 25 KB (a 30-layer net; benchmarks/RESULTS.md, "Thousands of nodes"). A trial
+        whose kept weights are dropped for better ones is forgotten then.
+        """
+        if trial_id not in self.weights:
+            self.trials.pop(trial_id, None)
+        for evicted in self.weights.drain_evicted():
+            if evicted not in self.active:
+                self.trials.pop(evicted, None)
 
     def _record_end(
         self, state: TrialState, status: TrialStatus, reason: str, worker: str | None, now: float, **measured: Any

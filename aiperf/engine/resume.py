@@ -10,13 +10,14 @@ checkpoints with it; the new session closes them as ``lost``.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiperf.config import Config, config_from_dict
 from aiperf.engine.weights import WeightStore
 from aiperf.errors import AiperfError, excerpt, first_line
-from aiperf.record.ledger import LEDGER_NAME, read_raw_ledger
+from aiperf.record.ledger import LEDGER_NAME, LedgerStream, cut_torn_tail, iter_ledger
 from aiperf.record.schema import (
     BadImagesRecord,
     EpochRecord,
@@ -29,8 +30,7 @@ from aiperf.record.schema import (
     TrialEndRecord,
     TrialStartRecord,
     TrialStatus,
-    of_type,
-    parse_records,
+    parse_record,
 )
 from nas.errors import NasError
 from nas.morph import Morph
@@ -38,34 +38,108 @@ from nas.proposer import Proposer, TrialKind, TrialProposal
 from nas.serialize import graph_from_dict
 
 
-def run_start(records: list[Record]) -> RunStartRecord:
+class _Facts:
+    """What a resume needs of a ledger's records, gathered in one pass: per trial its best accuracy and how
+    it ended, the trials still open, the session's end; a few numbers and the bad image files besides."""
+
+    def __init__(self) -> None:
+        self.start: RunStartRecord | None = None
+        self.count = 0
+        self.last: Record | None = None
+        self.last_stop: Record | None = None  # the latest run_stop or resume
+        self.best: dict[str, float] = {}
+        self.final: dict[str, TrialStatus] = {}
+        self.open: dict[str, None] = {}  # started, not ended, in start order
+        self.top_number = -1
+        self.epochs = 0
+        self.bad_images: set[str] = set()
+        self.missing_images: set[str] = set()
+
+    def add(self, r: Record) -> None:
+        if self.start is None and isinstance(r, RunStartRecord):
+            self.start = r
+        self.count += 1
+        self.last = r
+        if isinstance(r, TrialStartRecord):
+            number = r.trial[1:]
+            if number.isdigit() and len(r.trial) < 12:
+                self.top_number = max(self.top_number, int(number))
+            if r.trial not in self.final:
+                self.open[r.trial] = None
+        elif isinstance(r, EpochRecord):
+            self.epochs += 1
+            self.best[r.trial] = max(self.best.get(r.trial, 0.0), r.val_acc)
+        elif isinstance(r, TrialEndRecord):
+            self.final[r.trial] = r.status
+            self.open.pop(r.trial, None)
+        elif isinstance(r, (RunStopRecord, ResumeRecord)):
+            self.last_stop = r
+        elif isinstance(r, BadImagesRecord):
+            self.bad_images.update(r.files)
+            self.missing_images.update(r.missing)
+
+
+class ResumableLedger:
+    """A ledger checked for ``--resume`` in one pass, without holding its records.
+
+    Iterating reads the records again, one at a time (the replay's second pass); ``start`` is its
+    ``run_start`` and ``facts`` what the first pass gathered.
+    """
+
+    def __init__(self, run_dir: Path, facts: _Facts) -> None:
+        assert facts.start is not None and facts.last is not None
+        self.run_dir = run_dir
+        self.start: RunStartRecord = facts.start
+        self.facts = facts
+
+    def __iter__(self) -> Iterator[Record]:
+        return iter_ledger(self.run_dir)
+
+    def __len__(self) -> int:
+        return self.facts.count
+
+
+Records = list[Record] | ResumableLedger
+
+
+def run_start(records: Records) -> RunStartRecord:
     """A checked ledger's first record (``parse_records`` refuses a ledger that begins otherwise)."""
-    first = records[0]
+    first = records.start if isinstance(records, ResumableLedger) else records[0]
     if not isinstance(first, RunStartRecord):
         raise AiperfError("the ledger does not begin with a run_start record")
     return first
 
 
-def read_resumable(run_dir: Path) -> list[Record]:
+def read_resumable(run_dir: Path) -> ResumableLedger:
     """The ledger of a run that can be continued, checked record by record (the caller holds the run lock).
 
     A torn tail is cut off; a malformed record, a run that already completed or a header
-    whose config no longer validates is refused, before anything is appended.
+    whose config no longer validates is refused, before anything is appended. The ledger is
+    read one record at a time: what is kept grows with its trials, not its records.
     """
-    raw = read_raw_ledger(run_dir, repair=True)
-    if not raw or raw[0].get("type") != RecordType.RUN_START:
+    stream = LedgerStream(run_dir)
+    facts = _Facts()
+    source = run_dir / LEDGER_NAME
+    for index, (_, raw) in enumerate(stream):
+        if index == 0:
+            if raw.get("type") != RecordType.RUN_START:
+                raise AiperfError(f"{run_dir}: not a run directory (its ledger has no run_start record)")
+            if not isinstance(raw.get("config"), dict):
+                raise AiperfError(f"{run_dir}: its run_start record has no config to continue with")
+        facts.add(parse_record(raw, index, source))
+    if stream.count == 0:
         raise AiperfError(f"{run_dir}: not a run directory (its ledger has no run_start record)")
-    if not isinstance(raw[0].get("config"), dict):
-        raise AiperfError(f"{run_dir}: its run_start record has no config to continue with")
-    records = parse_records(raw, run_dir / LEDGER_NAME)
-    stops = [r for r in records if isinstance(r, (RunStopRecord, ResumeRecord))]
-    if stops and isinstance(stops[-1], RunStopRecord) and stops[-1].status is RunStatus.COMPLETED:
-        raise AiperfError(f"{run_dir}: this run already completed ({excerpt(stops[-1].reason, 80)}); nothing to resume")
-    recorded_config(records)
-    return records
+    if stream.torn_bytes:
+        cut_torn_tail(stream)
+    stop = facts.last_stop
+    if isinstance(stop, RunStopRecord) and stop.status is RunStatus.COMPLETED:
+        raise AiperfError(f"{run_dir}: this run already completed ({excerpt(stop.reason, 80)}); nothing to resume")
+    ledger = ResumableLedger(run_dir, facts)
+    recorded_config(ledger)
+    return ledger
 
 
-def recorded_config(records: list[Record]) -> Config:
+def recorded_config(records: Records) -> Config:
     """The config a run was started with, as its run_start record holds it."""
     return config_from_dict(run_start(records).config.model_dump(exclude_unset=True))
 
@@ -74,32 +148,22 @@ def recorded_config(records: list[Record]) -> Config:
 class ResumePoint:
     """Where the next session of a run starts: its clock, its trial numbers, what it must close."""
 
-    records: list[Record]
+    last: Record  # the ledger's last record
     gap_s: float  # downtime since the last record, counted as wall time
     first_trial: int  # the next trial number
     unfinished: list[str] = field(default_factory=list)  # trials the dead master was running
     weights_skipped: list[str] = field(default_factory=list)  # kept weights that could not be read back
+    epochs_before: int = 0  # epochs counted by the earlier sessions
+    bad_images: set[str] = field(default_factory=set)
+    missing_images: set[str] = field(default_factory=set)  # of bad_images, the files that were gone
 
     @property
     def clock_offset(self) -> float:
-        return self.records[-1].t + self.gap_s
+        return self.last.t + self.gap_s
 
     @property
     def from_seq(self) -> int:
-        return self.records[-1].seq
-
-    @property
-    def epochs_before(self) -> int:
-        return len(of_type(self.records, EpochRecord))
-
-    @property
-    def bad_images(self) -> set[str]:
-        return {f for r in of_type(self.records, BadImagesRecord) for f in r.files}
-
-    @property
-    def missing_images(self) -> set[str]:
-        """Of :attr:`bad_images`, the files that were gone (deleted since the run began)."""
-        return {f for r in of_type(self.records, BadImagesRecord) for f in r.missing}
+        return self.last.seq
 
 
 def proposal_from_record(rec: TrialStartRecord) -> TrialProposal:
@@ -117,23 +181,28 @@ def proposal_from_record(rec: TrialStartRecord) -> TrialProposal:
     )
 
 
-def replay(records: list[Record], proposer: Proposer, weights: WeightStore) -> ResumePoint:
+def replay(records: Records, proposer: Proposer, weights: WeightStore) -> ResumePoint:
     """Replay a ledger into a fresh proposer and reload the kept weights; where the next session starts.
 
     The records have passed their models' checks; what can still be wrong (an architecture
     that does not parse, a trial restored twice) is reported as one line naming the record.
+    The ledger is read twice, one record at a time: first what each trial reached and how it
+    ended (already gathered by :func:`read_resumable`), then each trial's first start, restored
+    as it comes.
     """
-    starts: dict[str, TrialStartRecord] = {}
-    best: dict[str, float] = {}
-    final: dict[str, TrialStatus] = {}
-    for r in records:
-        if isinstance(r, TrialStartRecord):
-            starts.setdefault(r.trial, r)
-        elif isinstance(r, EpochRecord):
-            best[r.trial] = max(best.get(r.trial, 0.0), r.val_acc)
-        elif isinstance(r, TrialEndRecord):
-            final[r.trial] = r.status
-    for trial, rec in starts.items():
+    if isinstance(records, ResumableLedger):
+        facts = records.facts
+    else:
+        facts = _Facts()
+        for r in records:
+            facts.add(r)
+    best, final = facts.best, facts.final
+    restored: set[str] = set()
+    for rec in records:
+        if not isinstance(rec, TrialStartRecord) or rec.trial in restored:
+            continue
+        trial = rec.trial
+        restored.add(trial)
         done = final.get(trial) == TrialStatus.COMPLETED
         try:
             proposer.restore(trial, proposal_from_record(rec), best.get(trial), done)
@@ -144,8 +213,18 @@ def replay(records: list[Record], proposer: Proposer, weights: WeightStore) -> R
                 f"cannot resume: the ledger's seq {rec.seq} (trial_start {excerpt(trial)}) "
                 f"cannot be replayed: {first_line(exc, 200)}"
             ) from None
+    del restored
     skipped = weights.reload({t: best.get(t, 0.0) for t, s in final.items() if s == TrialStatus.COMPLETED})
-    numbers = [int(t[1:]) for t in starts if t[1:].isdigit() and len(t) < 12]
-    unfinished = [t for t in starts if t not in final]
-    gap = max(0.0, time.time() - records[-1].wall)
-    return ResumePoint(records, gap, max(numbers, default=-1) + 1, unfinished, skipped)
+    last = facts.last
+    assert last is not None  # a checked ledger has records
+    gap = max(0.0, time.time() - last.wall)
+    return ResumePoint(
+        last,
+        gap,
+        facts.top_number + 1,
+        list(facts.open),
+        skipped,
+        epochs_before=facts.epochs,
+        bad_images=facts.bad_images,
+        missing_images=facts.missing_images,
+    )

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from aiperf.config import Config
 from aiperf.datasets import Dataset, load_dataset
 from aiperf.engine.output import Output, output
-from aiperf.engine.resume import ResumePoint, read_resumable, recorded_config, replay, run_start
+from aiperf.engine.resume import Records, ResumePoint, read_resumable, recorded_config, replay, run_start
 from aiperf.engine.search import make_search, seed_architecture
 from aiperf.engine.weights import WeightStore
 from aiperf.errors import AiperfError, os_error
@@ -28,7 +28,7 @@ from aiperf.logs import through
 from aiperf.record.files import remove_temporaries
 from aiperf.record.inert import inert
 from aiperf.record.ledger import LEDGER_NAME
-from aiperf.record.schema import DatasetHeader, Record, RunStartRecord
+from aiperf.record.schema import DatasetHeader, RunStartRecord
 
 if TYPE_CHECKING:
     from aiperf.cluster.plan import Plan
@@ -158,7 +158,7 @@ def _run(
     address: str | None,
     out: Output,
     run_dir: Path | None,
-    previous: list[Record],
+    previous: Records,
     locks: list[RunLock],
 ) -> tuple[Path, dict[str, Any]]:
     """The run itself; a new run's directory is created and locked here (its lock appended to ``locks``)."""
@@ -179,7 +179,7 @@ def _run(
     session = start_ray(address or cfg.cluster.address)
     try:
         nodes, plan = _size(cfg, dataset, out)
-        proposer = make_search(cfg, seed_graph, plan.batch_size, dataset)
+        proposer = make_search(cfg, seed_graph, plan.batch_size, dataset, workers=plan.concurrency)
         if previous:
             assert run_dir is not None
             run_id = run_start(previous).run_id
@@ -259,7 +259,7 @@ def _session(
     nodes: list[NodeInfo],
     plan: Plan,
     proposer: Proposer,
-    previous: list[Record],
+    previous: Records,
     out: Output,
 ) -> None:
     """One session of the run on the Ray cluster: workers, master, telemetry and signals, to its run_stop."""

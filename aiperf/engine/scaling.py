@@ -104,7 +104,7 @@ def simulate_run(
         images=(int(dataset["train_images"]), int(dataset["eval_images"])),
         batch_size=batch,
     )
-    proposer = make_search(cfg, seed_graph, batch)
+    proposer = make_search(cfg, seed_graph, batch, workers=nodes * sim.workers_per_node)
     system = {
         "simulated": True,
         "nodes": nodes,

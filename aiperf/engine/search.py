@@ -95,9 +95,25 @@ def _batch_note(cfg: Config, plan_batch: int, dataset: Dataset, largest: int) ->
     )
 
 
-def search_settings(cfg: Config, plan_batch: int, largest_batch: int | None = None) -> SearchSettings:
+def search_batch(cfg: Config, workers: int) -> int:
+    """Architectures per GP fit: the config's, or for ``auto`` one per 64 concurrent trials (1 to 128).
+
+    A batch is handed out over the next asks, so the results that arrive meanwhile (about one
+    per ask) are what it does not see; against ``workers`` trials in flight, whose outcomes
+    the fit only believes anyway, 1/64 of them changes little (benchmarks/RESULTS.md, "Batched
+    proposals"), while one fit and one tree search serve many asks.
+    """
+    from aiperf.config import MAX_AUTO_SEARCH_BATCH
+
+    if cfg.search.batch != "auto":
+        return int(cfg.search.batch)
+    return max(1, min(MAX_AUTO_SEARCH_BATCH, int(workers) // 64))
+
+
+def search_settings(cfg: Config, plan_batch: int, largest_batch: int | None = None, workers: int = 1) -> SearchSettings:
     """The search part of a config; ``plan_batch`` is the plan's batch size (the default of every trial),
-    ``largest_batch`` the biggest batch a trial may ask for (None: no bound)."""
+    ``largest_batch`` the biggest batch a trial may ask for (None: no bound), ``workers`` the trials
+    that run at once (sizes ``search.batch: auto``)."""
     from nas.hpo import HyperparameterSpace
     from nas.search import SearchSettings
 
@@ -128,17 +144,21 @@ def search_settings(cfg: Config, plan_batch: int, largest_batch: int | None = No
         max_morphs_per_child=s.max_morphs_per_child,
         gp_window=s.gp_window,
         candidates=s.candidates,
+        batch=search_batch(cfg, workers),
         default_hparams=defaults,
         hparam_space=space,
     )
 
 
-def make_search(cfg: Config, seed_graph: Graph, plan_batch: int, dataset: Dataset | None = None) -> Proposer:
+def make_search(
+    cfg: Config, seed_graph: Graph, plan_batch: int, dataset: Dataset | None = None, workers: int = 1
+) -> Proposer:
     """The proposer for this config: BO or random architecture search interleaved with TPE.
 
     With the ``dataset`` the trials will train on, no trial asks for a batch its epochs cannot fill.
+    ``workers``: the trials that run at once (how many architectures one GP fit proposes).
     """
-    from aiperf.metrics.flops import count_flops
+    from aiperf.metrics.flops import count_flops_memo
     from nas.limits import Limits
     from nas.search import make_proposer
 
@@ -146,7 +166,7 @@ def make_search(cfg: Config, seed_graph: Graph, plan_batch: int, dataset: Datase
         cfg.search.max_layers,
         cfg.search.max_params,
         cfg.search.max_flops_per_image,
-        flops_fn=lambda g: count_flops(g).train_per_image(plan_batch),
+        flops_fn=lambda g: count_flops_memo(g).train_per_image(plan_batch),
     )
     reason = limits.reason(seed_graph)
     if reason:
@@ -157,7 +177,7 @@ def make_search(cfg: Config, seed_graph: Graph, plan_batch: int, dataset: Datase
         note = _batch_note(cfg, plan_batch, dataset, largest)
         if note:
             logger.warning(note)
-    settings = search_settings(cfg, plan_batch, largest)
+    settings = search_settings(cfg, plan_batch, largest, workers)
     return make_proposer(settings, seed_graph, limits, size_schedule(cfg, seed_graph, limits))
 
 

@@ -269,6 +269,7 @@ class WeightStore:
         self._score: dict[str, float] = {}
         self._refs: dict[str, Any] = {}
         self._saved: dict[str, SavedFile] = {}
+        self._evicted: list[str] = []  # since the last drain_evicted()
 
     def __contains__(self, trial: str) -> bool:
         return trial in self._weights
@@ -297,7 +298,13 @@ class WeightStore:
                     logger.warning(str(os_error(exc, path, "save weights to", then=note)))
         return True
 
+    def drain_evicted(self) -> list[str]:
+        """The trials whose weights were dropped since the last call (their graphs are no longer needed)."""
+        evicted, self._evicted = self._evicted, []
+        return evicted
+
     def _evict(self, trial: str) -> None:
+        self._evicted.append(trial)
         self._weights.pop(trial, None)
         self._score.pop(trial, None)
         self._refs.pop(trial, None)

@@ -84,34 +84,75 @@ def _number(value: float | None) -> float:
 
 def compute_score(records: Iterable[Record]) -> Score:
     """The score of a ledger (its records in file order; audit records after its end are not the run's)."""
+    tally = ScoreTally()
     records = run_records(list(records))
-    epochs = of_type(records, EpochRecord)
-    total = sum(_number(r.ops) for r in epochs)
-    aiperf = sum(_number(r.aiperf_ops) for r in epochs)
-    wall = max((float(r.t) for r in epochs), default=0.0)
-    if records and isinstance(records[-1], RunStopRecord):  # the recorded end: the run's elapsed time
-        wall = max(wall, float(records[-1].t))
-    # val_acc is required by the record's shape; a record built without validation may still lack one.
-    accuracies = [float(r.val_acc) for r in epochs if r.val_acc is not None]
-    best = max(accuracies) if accuracies else None
-    quality = quality_factor(best)
-    started = {r.trial for r in of_type(records, TrialStartRecord)}
-    completed = {r.trial for r in of_type(records, TrialEndRecord) if r.status == TrialStatus.COMPLETED}
-    return Score(
-        total_ops=total,
-        train_ops=sum(_number(r.train_ops) for r in epochs),
-        eval_ops=sum(_number(r.eval_ops) for r in epochs),
-        aiperf_ops=aiperf,
-        wall_s=wall,
-        ops_per_s=_rate(total, wall),
-        best_val_acc=best,
-        quality=quality,
-        regulated=_rate(total, wall) * quality,
-        aiperf_regulated=_rate(aiperf, wall) * quality,
-        epochs=len(epochs),
-        trials_completed=len(completed),
-        trials_started=len(started),
-    )
+    for record in records:
+        tally.add(record)
+    return tally.score(records[-1] if records and isinstance(records[-1], RunStopRecord) else None)
+
+
+class ScoreTally:
+    """:func:`compute_score` kept up to date record by record, without holding the records.
+
+    A reader that streams a ledger (the MLPerf-style log, written while a run of millions of
+    epochs goes on) adds each record as it comes; the sums are taken in file order, so the
+    score is the very number :func:`compute_score` gives for the same records. A reader that
+    counts trials itself passes ``count_trials=False`` (the score then counts none; the tally
+    holds no trial ids).
+    """
+
+    def __init__(self, count_trials: bool = True) -> None:
+        self.count_trials = count_trials
+        self.total: float = 0
+        self.train: float = 0
+        self.eval: float = 0
+        self.aiperf: float = 0
+        self.last_epoch_t = 0.0
+        self.best: float | None = None
+        self.epochs = 0
+        self.started: set[str] = set()
+        self.completed: set[str] = set()
+
+    def add(self, record: Record) -> None:
+        if isinstance(record, EpochRecord):
+            self.total += _number(record.ops)
+            self.train += _number(record.train_ops)
+            self.eval += _number(record.eval_ops)
+            self.aiperf += _number(record.aiperf_ops)
+            self.last_epoch_t = max(self.last_epoch_t, float(record.t))
+            # val_acc is required by the record's shape; a record built without validation may still lack one.
+            if record.val_acc is not None:
+                value = float(record.val_acc)
+                self.best = value if self.best is None else max(self.best, value)
+            self.epochs += 1
+        elif not self.count_trials:
+            return
+        elif isinstance(record, TrialStartRecord):
+            self.started.add(record.trial)
+        elif isinstance(record, TrialEndRecord) and record.status == TrialStatus.COMPLETED:
+            self.completed.add(record.trial)
+
+    def score(self, end: RunStopRecord | None = None) -> Score:
+        """The score so far; ``end``: the run's final ``run_stop``, whose time is the recorded end."""
+        wall = self.last_epoch_t
+        if end is not None:
+            wall = max(wall, float(end.t))
+        quality = quality_factor(self.best)
+        return Score(
+            total_ops=self.total,
+            train_ops=self.train,
+            eval_ops=self.eval,
+            aiperf_ops=self.aiperf,
+            wall_s=wall,
+            ops_per_s=_rate(self.total, wall),
+            best_val_acc=self.best,
+            quality=quality,
+            regulated=_rate(self.total, wall) * quality,
+            aiperf_regulated=_rate(self.aiperf, wall) * quality,
+            epochs=self.epochs,
+            trials_completed=len(self.completed),
+            trials_started=len(self.started),
+        )
 
 
 def score_timeline(records: Iterable[Record], interval_s: float | None = None) -> list[TimelinePoint]:

@@ -51,13 +51,19 @@ def window_rates(records: Iterable[Record], windows: int = WINDOWS) -> tuple[flo
     """(window length, OPS of each of ``windows`` equal windows of the scored interval)."""
     epochs = of_type(list(records), EpochRecord)
     end = max((float(r.t) for r in epochs), default=0.0)
+    return spread_rates(((*_busy_interval(e), float(e.ops or 0.0)) for e in epochs), end, windows)
+
+
+def spread_rates(
+    intervals: Iterable[tuple[float, float, float]], end: float, windows: int = WINDOWS
+) -> tuple[float, list[float]]:
+    """:func:`window_rates` from each epoch's ``(busy from, busy to, ops)`` and the last epoch's ``t``
+    (what a streaming reader keeps of the epochs, aiperf.record.summary)."""
     if end <= 0 or windows < 1:
         return 0.0, []
     width = end / windows
     ops = [0.0] * windows
-    for epoch in epochs:
-        amount = float(epoch.ops or 0.0)
-        lo, hi = _busy_interval(epoch)
+    for lo, hi, amount in intervals:
         if hi <= lo:  # no step time recorded: the whole amount at the epoch's end
             ops[min(windows - 1, int(hi / width))] += amount
             continue
@@ -76,8 +82,12 @@ _T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8
 def steadiness(records: Iterable[Record], windows: int = WINDOWS) -> Steadiness | None:
     """The run's own spread (see the module docstring); None when the steady part is too short to tell."""
     records = list(records)
-    width, rates = window_rates(records, windows)
-    if len(rates) < 3 or len(of_type(records, EpochRecord)) < MIN_STEADY_EPOCHS:
+    return steadiness_of(*window_rates(records, windows), len(of_type(records, EpochRecord)))
+
+
+def steadiness_of(width: float, rates: list[float], epochs: int) -> Steadiness | None:
+    """:func:`steadiness` from the windows' rates (:func:`spread_rates`) and the number of counted epochs."""
+    if len(rates) < 3 or epochs < MIN_STEADY_EPOCHS:
         return None
     steady = rates[1:]
     mean = statistics.fmean(steady)

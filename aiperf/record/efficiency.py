@@ -63,14 +63,43 @@ def _ratio(ops: float, reference: float | None) -> float | None:
     return ops / reference if reference else None
 
 
-def _precision(
-    kind: NodeKindHeader, epochs: list[EpochRecord], workers: list[WorkerRecord], start: RunStartRecord
-) -> str:
+class NodeEpochs:
+    """What efficiency needs of the epochs, per node: operations, and how many epochs ran at each precision.
+
+    Kept one epoch at a time (:meth:`add`), so a ledger of millions of epochs is summarised in the
+    memory of its nodes, not of its epochs.
+    """
+
+    def __init__(self) -> None:
+        self.ops: dict[str | None, float] = {}
+        self.precisions: dict[str | None, dict[str, list[int]]] = {}  # node -> precision -> [epochs, first epoch]
+        self._count = 0
+
+    def add(self, epoch: EpochRecord) -> None:
+        node = epoch.node
+        self.ops[node] = self.ops.get(node, 0.0) + float(epoch.ops or 0)
+        seen = self.precisions.setdefault(node, {}).setdefault(epoch.precision, [0, self._count])
+        seen[0] += 1
+        self._count += 1
+
+    def counter(self, nodes: set[str]) -> Counter[str]:
+        """``Counter(e.precision for e in epochs if e.node in nodes)``, its ties in the same order."""
+        merged: dict[str, list[int]] = {}
+        for node in nodes:
+            for precision, (count, first) in self.precisions.get(node, {}).items():
+                slot = merged.setdefault(precision, [0, first])
+                slot[0] += count
+                slot[1] = min(slot[1], first)
+        return Counter({p: c for p, (c, _) in sorted(merged.items(), key=lambda item: item[1][1])})
+
+    def ops_on(self, nodes: set[str]) -> float:
+        return sum(ops for node, ops in self.ops.items() if node in nodes)
+
+
+def _precision(kind: NodeKindHeader, epochs: NodeEpochs, workers: list[WorkerRecord], start: RunStartRecord) -> str:
     """What the kind's nodes computed in: their epochs' policy, else their workers', else the plan's, else float32."""
     nodes = set(kind.nodes)
-    seen = Counter(e.precision for e in epochs if e.node in nodes) or Counter(
-        w.precision for w in workers if w.node in nodes and w.precision
-    )
+    seen = epochs.counter(nodes) or Counter(w.precision for w in workers if w.node in nodes and w.precision)
     if seen:
         return str(seen.most_common(1)[0][0])
     requested = start.plan.precision
@@ -94,7 +123,7 @@ def _ceiling(kind: NodeKindHeader, workers: list[WorkerRecord], accelerators: bo
 
 
 def _device(
-    kind: NodeKindHeader, start: RunStartRecord, epochs: list[EpochRecord], workers: list[WorkerRecord], wall_s: float
+    kind: NodeKindHeader, start: RunStartRecord, epochs: NodeEpochs, workers: list[WorkerRecord], wall_s: float
 ) -> DeviceEfficiency | None:
     accelerators = kind.used_accelerators > 0
     devices = kind.used_accelerators if accelerators else kind.used_cores
@@ -105,7 +134,7 @@ def _device(
     figure: PeakFigureHeader | None = figures.get(arithmetic_of(precision))
     name = (kind.peaks.accelerator if accelerators else kind.peaks.cpu) or "unknown device"
     nodes = set(kind.nodes)
-    ops = sum(float(e.ops or 0) for e in epochs if e.node in nodes)
+    ops = epochs.ops_on(nodes)
     ops_per_s = ops / wall_s if wall_s > 0 else 0.0
     rpeak = devices * float(figure.flops_per_s) if figure is not None else None
     ceiling, measured = _ceiling(kind, workers, accelerators)
@@ -147,11 +176,19 @@ def efficiency_summary(records: list[Record], ops_per_s: float, wall_s: float) -
     """OPS over Rpeak and over the measured ceiling, for the run and per kind of device it trained on."""
     start = records[0]
     assert isinstance(start, RunStartRecord)  # summarize checked it
-    epochs = of_type(records, EpochRecord)
+    epochs = NodeEpochs()
+    for epoch in of_type(records, EpochRecord):
+        epochs.add(epoch)
     last: dict[str, WorkerRecord] = {}
     for w in of_type(records, WorkerRecord):
         last[w.worker] = w  # a worker's last record states its life
-    workers = list(last.values())
+    return efficiency_of(start, epochs, list(last.values()), ops_per_s, wall_s)
+
+
+def efficiency_of(
+    start: RunStartRecord, epochs: NodeEpochs, workers: list[WorkerRecord], ops_per_s: float, wall_s: float
+) -> EfficiencySummary:
+    """:func:`efficiency_summary` from the epochs per node and each worker's last record (a streaming reader's)."""
     by_device = [d for k in start.system.kinds if (d := _device(k, start, epochs, workers, wall_s)) is not None]
     notes = _notes(by_device)
     if not start.system.kinds:

@@ -38,7 +38,7 @@ from typing import Any
 
 from aiperf.errors import AiperfError, os_error
 from aiperf.record.files import LineTooLong, bounded_lines, open_regular
-from aiperf.record.schema import HEADER, Record, RecordT, parse_records
+from aiperf.record.schema import HEADER, Record, RecordT, RecordType, parse_record, parse_records
 
 logger = logging.getLogger(__name__)
 
@@ -74,10 +74,10 @@ class LedgerWriter:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if self.path.exists():
-                records = read_raw_ledger(self.path, repair=True)
-                if records:
-                    self._seq = records[-1]["seq"] + 1
-                    self._prev = records[-1]["hash"]
+                last = last_record(self.path, repair=True)  # one record in memory, not the whole ledger
+                if last is not None:
+                    self._seq = last["seq"] + 1
+                    self._prev = last["hash"]
             # Unbuffered: each record goes to the OS in whole-line writes we can account for.
             self._fh = open(self.path, "ab", buffering=0)  # noqa: SIM115 - held open for the run's lifetime
             self._size = os.fstat(self._fh.fileno()).st_size  # end of the last complete record
@@ -87,6 +87,7 @@ class LedgerWriter:
         self._subscribers: list[Callable[[Record], None]] = []
         self._batch_depth = 0
         self._unsynced: list[Record] = []  # written and flushed, not yet fsync'ed
+        self._unsynced_since = math.inf  # monotonic time of the oldest of them
         self.broken: LedgerWriteError | None = None
         self._slow_sync_warned = -math.inf
 
@@ -95,19 +96,26 @@ class LedgerWriter:
         self._subscribers.append(callback)
 
     @contextlib.contextmanager
-    def batch(self) -> Iterator[LedgerWriter]:
+    def batch(self, durable: bool = True) -> Iterator[LedgerWriter]:
         """Records appended inside share one fsync when the (outermost) batch ends, even on an error.
 
         Each is still written and flushed at once, so a killed process loses none of them;
-        subscribers see them after that fsync.
+        subscribers see them after that fsync. ``durable=False`` leaves the fsync to the next
+        :meth:`sync` or :meth:`sync_due` (group commit: the master syncs before it acts on the
+        records, and at most ``MAX_UNSYNCED_S`` after they were written; docs/ledger.md).
         """
         self._batch_depth += 1
         try:
             yield self
         finally:
             self._batch_depth -= 1
-            if self._batch_depth == 0:
+            if self._batch_depth == 0 and durable:
                 self.sync()
+
+    def sync_due(self, max_age_s: float) -> None:
+        """:meth:`sync` when the oldest record not yet durable was written ``max_age_s`` ago or more."""
+        if self._unsynced and time.monotonic() - self._unsynced_since >= max_age_s:
+            self.sync()
 
     def sync(self) -> None:
         """Make every record written so far durable, then hand the newly durable ones to the subscribers."""
@@ -126,6 +134,7 @@ class LedgerWriter:
                 "(slow or overloaded storage under run.results_dir?)"
             )
         durable, self._unsynced = self._unsynced, []
+        self._unsynced_since = math.inf
         for record in durable:
             for callback in list(self._subscribers):
                 self._notify(callback, record)
@@ -174,6 +183,8 @@ class LedgerWriter:
         self._seq += 1
         self._prev = raw["hash"]
         written = record.model_copy(update={**header, "prev": raw["prev"], "hash": raw["hash"]})
+        if not self._unsynced:
+            self._unsynced_since = time.monotonic()
         self._unsynced.append(written)
         if self._batch_depth == 0:
             self.sync()
@@ -220,17 +231,88 @@ class LedgerContents:
 
     def torn_note(self, path: str | Path) -> str | None:
         """One line saying what a reader dropped, or None when the file ends cleanly."""
-        if not self.torn_bytes:
-            return None
-        after = f"after seq {self.records[-1].get('seq')}" if self.records else "before any record"
-        return (
-            f"{path}: ignored a torn final record ({self.torn_bytes} byte(s) {after}, cut short by a crash); "
-            "it is not counted"
-        )
+        return _torn_note(path, self.torn_bytes, self.records[-1] if self.records else None)
+
+
+def _torn_note(path: str | Path, torn_bytes: int, last: dict[str, Any] | None) -> str | None:
+    if not torn_bytes:
+        return None
+    after = f"after seq {last.get('seq')}" if last is not None else "before any record"
+    return (
+        f"{path}: ignored a torn final record ({torn_bytes} byte(s) {after}, cut short by a crash); it is not counted"
+    )
 
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not allowed in a ledger")
+
+
+# orjson parses a ledger line 2-3 times faster than the standard library (benchmarks/RESULTS.md, "The ledger
+# at 10 million records"). It reads integers beyond 64 bits as floats, where the standard library keeps them
+# exact, so a line with a run of 19 or more digits is left to the standard library, and so is every line
+# orjson refuses: the standard library's verdict (and its refusals' wording) is the one that counts.
+try:
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - a dependency; the standard library alone reads the same, slower
+    _orjson = None  # type: ignore[assignment]
+# Digits turned into NUL bytes, so a run of 19 is found by a substring search (a regular expression
+# was eight times slower); a NUL in the line itself, which JSON does not allow, only sends it to the
+# standard library.
+_DIGITS_TO_NUL = bytes.maketrans(b"0123456789", bytes(10))
+_LONG_NUMBER = bytes(19)
+
+
+def parse_line(line: bytes) -> Any:
+    """One ledger line as JSON, exactly as ``json.loads`` reads it; ``NaN`` and ``Infinity`` are refused.
+
+    Raises ``ValueError`` for anything that is not JSON (``RecursionError`` for nesting deep
+    enough to exhaust the parser's stack).
+    """
+    if _orjson is not None and _LONG_NUMBER not in line.translate(_DIGITS_TO_NUL):
+        try:
+            return _orjson.loads(line)
+        except _orjson.JSONDecodeError:
+            pass  # the standard library decides, and words, the refusal
+    return json.loads(line, parse_constant=_reject_constant)
+
+
+def sorted_json(value: Any) -> bytes:
+    """``value`` as compact JSON with sorted keys: a key to tell documents apart by content (not for hashing)."""
+    if _orjson is not None:
+        try:
+            return _orjson.dumps(value, option=_orjson.OPT_SORT_KEYS)
+        except TypeError:  # an integer beyond 64 bits, a key that is not a string
+            pass
+    return json.dumps(value, sort_keys=True).encode()
+
+
+_HASH_FIELD = b'"hash":"'
+
+
+def line_hash_matches(line: bytes, claimed: object) -> bool:
+    """Whether ``line`` is a record whose own bytes, less its ``hash`` field, hash to ``claimed``.
+
+    A line the writer wrote is the canonical JSON it hashed with ``"hash":"..."`` put in its
+    sorted place, so hashing the bytes around that field is the chain's hash without parsing
+    and re-serialising the record (about as costly as parsing it). A line that is not in that
+    form (re-indented by hand, written by another tool) does not match here and is hashed the
+    long way (:func:`record_hash`), so it verifies exactly as before.
+    """
+    if not isinstance(claimed, str) or len(claimed) != 64:
+        return False
+    field = _HASH_FIELD + claimed.encode("ascii", "replace") + b'"'
+    at = line.find(field)
+    if at <= 0:
+        return False
+    stop = at + len(field)
+    body = line.rstrip(b"\n")
+    if body[stop : stop + 1] == b",":
+        body = body[:at] + body[stop + 1 :]
+    elif body[at - 1 : at] == b",":
+        body = body[: at - 1] + body[stop:]
+    else:
+        return False
+    return hashlib.sha256(body).hexdigest() == claimed
 
 
 _ESCAPE = re.compile(rb"\\.", re.DOTALL)  # a backslash escape inside a JSON string
@@ -264,56 +346,110 @@ def _ledger_path(path: str | Path) -> Path:
         return path
 
 
-def read_ledger_contents(path: str | Path) -> LedgerContents:
-    """Parse a ledger file; a torn final line is left out and measured, anything else malformed is an error.
+class LedgerStream:
+    """A ledger file's complete records, read one line at a time: memory does not grow with the file.
 
-    Read line by line with at most ``MAX_RECORD_BYTES`` per line: a longer line (a sparse 1 GB
-    tail, a forged record) is refused by its offset before it is held in memory.
+    Iterating yields ``(line, record)``: the line's bytes as written (newline included) and its
+    JSON object. The checks are those of every reader (docs/ledger.md, Reading a ledger): a
+    torn final line is left out and measured (``end``, ``size``, ``torn_bytes`` once the
+    iteration is over), anything else malformed raises :class:`~aiperf.errors.AiperfError`
+    when the reader reaches it. ``count`` and ``last`` are the records yielded so far and the
+    latest of them. Each line is read with at most ``MAX_RECORD_BYTES`` of it in memory: a
+    longer line (a sparse 1 GB tail, a forged record) is refused by its offset before it is held.
     """
-    path = _ledger_path(path)
-    try:
-        fh = open_regular(path)
-    except FileNotFoundError:
-        raise AiperfError(f"{path}: no ledger here (is this a run directory?)") from None
-    except OSError as exc:
-        raise os_error(exc, path, "read the ledger") from None
-    records: list[dict[str, Any]] = []
-    end = 0  # just after the last complete record
-    size = 0  # bytes read so far: the file's size once the loop ends
-    bad: tuple[int, AiperfError] | None = None  # a malformed line: torn only if nothing but blanks follows
-    with fh:
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = _ledger_path(path)
+        self.end = 0  # byte offset just after the last complete record
+        self.size = 0  # bytes read so far: the file's size once the iteration ends
+        self.torn_bytes = 0
+        self.count = 0
+        self.last: dict[str, Any] | None = None
+        self.last_number = 0  # the line number of the latest record
+
+    def torn_note(self, path: str | Path | None = None) -> str | None:
+        """One line saying what a reader dropped, or None when the file ends cleanly."""
+        return _torn_note(self.path if path is None else path, self.torn_bytes, self.last)
+
+    def __iter__(self) -> Iterator[tuple[bytes, dict[str, Any]]]:
+        path = self.path
         try:
-            for number, start, line in bounded_lines(fh, MAX_RECORD_BYTES):
-                size = start + len(line)
-                if not line.strip():
-                    continue
-                if bad is not None:
-                    raise bad[1]
-                if not line.endswith(b"\n"):  # the last line, with no newline: cut short by a crash
-                    return LedgerContents(records, end, size, size - start)
-                try:
-                    record = json.loads(line, parse_constant=_reject_constant)
-                except RecursionError:
-                    raise AiperfError(f"{path}: line {number} is nested too deeply to be a ledger record") from None
-                except ValueError:  # not JSON, not UTF-8, NaN/Infinity, an integer of more than 4,300 digits
-                    bad = (start, AiperfError(f"{path}: line {number} is not valid JSON"))
-                    continue
-                if not isinstance(record, dict):
-                    raise AiperfError(f"{path}: line {number} is not a JSON object")
-                if _too_deep(line):
-                    raise AiperfError(f"{path}: line {number} nests more than {MAX_RECORD_DEPTH} levels deep")
-                records.append(record)
-                end = size
-        except LineTooLong as exc:
-            raise AiperfError(
-                f"{path}: the line at byte {exc.offset:,} (after {len(records)} record(s)) is longer than "
-                f"{exc.limit:,} bytes, the most a ledger record may hold: not a record aiperf writes"
-            ) from None
+            fh = open_regular(path)
+        except FileNotFoundError:
+            raise AiperfError(f"{path}: no ledger here (is this a run directory?)") from None
         except OSError as exc:
             raise os_error(exc, path, "read the ledger") from None
-    if bad is not None:
-        return LedgerContents(records, end, size, size - bad[0])
-    return LedgerContents(records, end, size, 0)
+        bad: tuple[int, AiperfError] | None = None  # a malformed line: torn only if nothing but blanks follows
+        with fh:
+            try:
+                for number, start, line in bounded_lines(fh, MAX_RECORD_BYTES):
+                    self.size = start + len(line)
+                    if not line.strip():
+                        continue
+                    if bad is not None:
+                        raise bad[1]
+                    if not line.endswith(b"\n"):  # the last line, with no newline: cut short by a crash
+                        self.torn_bytes = self.size - start
+                        return
+                    try:
+                        record = parse_line(line)
+                    except RecursionError:
+                        raise AiperfError(f"{path}: line {number} is nested too deeply to be a ledger record") from None
+                    except ValueError:  # not JSON, not UTF-8, NaN/Infinity, an integer of more than 4,300 digits
+                        bad = (start, AiperfError(f"{path}: line {number} is not valid JSON"))
+                        continue
+                    if not isinstance(record, dict):
+                        raise AiperfError(f"{path}: line {number} is not a JSON object")
+                    if _too_deep(line):
+                        raise AiperfError(f"{path}: line {number} nests more than {MAX_RECORD_DEPTH} levels deep")
+                    self.end = self.size
+                    self.count += 1
+                    self.last = record
+                    self.last_number = number
+                    yield line, record
+            except LineTooLong as exc:
+                raise AiperfError(
+                    f"{path}: the line at byte {exc.offset:,} (after {self.count} record(s)) is longer than "
+                    f"{exc.limit:,} bytes, the most a ledger record may hold: not a record aiperf writes"
+                ) from None
+            except OSError as exc:
+                raise os_error(exc, path, "read the ledger") from None
+        if bad is not None:
+            self.torn_bytes = self.size - bad[0]
+
+
+def read_ledger_contents(path: str | Path) -> LedgerContents:
+    """Parse a whole ledger file into memory (:class:`LedgerStream` reads it without holding it)."""
+    stream = LedgerStream(path)
+    records = [record for _, record in stream]
+    return LedgerContents(records, stream.end, stream.size, stream.torn_bytes)
+
+
+def _repair(path: Path, end: int) -> None:
+    try:
+        with open(path, "r+b") as fh:
+            fh.truncate(end)
+    except OSError as exc:
+        raise os_error(exc, path, "repair the torn end of the ledger") from None
+
+
+def cut_torn_tail(stream: LedgerStream) -> None:
+    """Cut off the torn tail a finished read of ``stream`` found (only the run's master may: it holds the lock)."""
+    if stream.torn_bytes:
+        _repair(stream.path, stream.end)
+
+
+def last_record(path: str | Path, repair: bool = False) -> dict[str, Any] | None:
+    """The ledger's last complete record (None for an empty one), every line checked on the way, in bounded memory.
+
+    With ``repair`` a torn tail is cut off, as :func:`read_raw_ledger` does.
+    """
+    stream = LedgerStream(path)
+    for _ in stream:
+        pass
+    if repair and stream.torn_bytes:
+        _repair(stream.path, stream.end)
+    return stream.last
 
 
 def read_raw_ledger(path: str | Path, repair: bool = False) -> list[dict[str, Any]]:
@@ -326,11 +462,7 @@ def read_raw_ledger(path: str | Path, repair: bool = False) -> list[dict[str, An
     path = _ledger_path(path)
     contents = read_ledger_contents(path)
     if repair and contents.torn_bytes:
-        try:
-            with open(path, "r+b") as fh:
-                fh.truncate(contents.end)
-        except OSError as exc:
-            raise os_error(exc, path, "repair the torn end of the ledger") from None
+        _repair(path, contents.end)
     return contents.records
 
 
@@ -338,6 +470,22 @@ def read_ledger(path: str | Path, repair: bool = False) -> list[Record]:
     """Every complete record as its typed model; one line names the first malformed record.
 
     A ledger with no complete record, or one that does not begin with ``run_start``, is
-    refused the same way: no reader can compute anything from it.
+    refused the same way: no reader can compute anything from it. It holds every record:
+    readers of ledgers of any length use :func:`iter_ledger`.
     """
     return parse_records(read_raw_ledger(path, repair), _ledger_path(path))
+
+
+def iter_ledger(path: str | Path, stream: LedgerStream | None = None) -> Iterator[Record]:
+    """Every complete record as its typed model, one at a time (the checks of :func:`read_ledger`).
+
+    Pass a :class:`LedgerStream` to learn, after the iteration, how the file ended.
+    """
+    stream = LedgerStream(path) if stream is None else stream
+    source = stream.path
+    for index, (_, raw) in enumerate(stream):
+        if index == 0 and raw.get("type") != RecordType.RUN_START:
+            raise AiperfError(f"{source}: the ledger does not begin with a run_start record")
+        yield parse_record(raw, index, source)
+    if stream.count == 0:
+        raise AiperfError(f"{source}: the ledger has no complete record")

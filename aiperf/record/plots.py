@@ -31,6 +31,7 @@ from aiperf.record.inert import inert
 
 WIDTH, HEIGHT, DPI = 6.4, 3.4, 110
 MAX_LEGEND = 10
+MAX_NODE_LINES = 64  # nodes drawn one line each in OPS per node; of more, an even sample (their mean counts all)
 KIND_MARKERS = {"seed": "*", "arch": "o", "tune": "s"}
 MAX_LABEL_CHARS = 40
 
@@ -131,11 +132,15 @@ def best_error_over_time(timeline: Sequence[TimelinePoint], epochs: pd.DataFrame
 
 
 @plain_text
-def ops_per_node(epochs: pd.DataFrame, hostnames: dict[str, str], bins: int | None = None) -> bytes | None:
+def ops_per_node(
+    epochs: pd.DataFrame, hostnames: dict[str, str], bins: int | None = None, weight: float = 1.0
+) -> bytes | None:
     """Counted operations per second and node, in time bins (an epoch counts in the bin it completed in).
 
     By default there are about three epochs per bin (5 to 30 bins): finer bins only show
-    when epochs happened to end, not the rate.
+    when epochs happened to end, not the rate. ``weight``: how many epochs each row stands for
+    (``RunResults.epochs_stride`` when the frame is a sample). Of more than ``MAX_NODE_LINES``
+    nodes an even sample is drawn, faint, under the mean of all of them.
     """
     if epochs.empty:
         return None
@@ -146,19 +151,19 @@ def ops_per_node(epochs: pd.DataFrame, hostnames: dict[str, str], bins: int | No
     width = edges[1] - edges[0]
     centres = (edges[:-1] + edges[1:]) / 2
     fig, ax = new_figure()
-    nodes = sorted(epochs["node"].fillna("?").unique())
     series = {}
-    for node in nodes:
-        mine = epochs[epochs["node"].fillna("?") == node]
-        sums, _ = np.histogram(mine["t"], bins=edges, weights=mine["ops"].astype(float))
-        series[node] = sums / width
+    for node, mine in epochs.groupby(epochs["node"].fillna("?"), sort=True):
+        sums, _ = np.histogram(mine["t"], bins=edges, weights=mine["ops"].astype(float) * weight)
+        series[str(node)] = sums / width
+    nodes = list(series)
     if len(nodes) <= MAX_LEGEND:
         for node, rate in series.items():
             ax.plot(centres, rate, marker=".", label=label(hostnames.get(node) or node[:8]))
         ax.legend(fontsize=7, title="node", title_fontsize=7)
-    else:  # too many for a legend: every node faint, their mean bold
-        for rate in series.values():
-            ax.plot(centres, rate, color="#1f77b4", alpha=0.15, linewidth=0.8)
+    else:  # too many for a legend: nodes faint (an even sample of them), their mean bold
+        step = max(1, math.ceil(len(nodes) / MAX_NODE_LINES))
+        for node in nodes[::step]:
+            ax.plot(centres, series[node], color="#1f77b4", alpha=0.15, linewidth=0.8)
         ax.plot(
             centres,
             np.mean(list(series.values()), axis=0),

@@ -23,11 +23,16 @@ from aiperf.record import plots
 from aiperf.record.energy import joules_text
 from aiperf.record.files import write_atomic
 from aiperf.record.inert import inert_lines
+from aiperf.record.ledger import LEDGER_NAME, iter_ledger
 from aiperf.record.results import RunResults, load
 from aiperf.record.schema import Record, RunStartRecord
-from aiperf.record.summary import build_summary, format_telemetry
+from aiperf.record.summary import RunDigest, build_summary, format_telemetry
 
 REPORT_NAME = "report.html"
+# Epochs and trials the report's plots draw at most: a longer run's are an even sample (every k-th,
+# aiperf.record.results), which its scatter plots show as they would show every point; OPS per node
+# weights each sampled epoch by k. The score, the timeline and the summary count every record.
+REPORT_ROWS = 20_000
 TOP_ARCHITECTURES = 15
 
 STYLE = """
@@ -270,7 +275,7 @@ def _hostnames(header: RunStartRecord) -> dict[str, str]:
 
 
 def _plots(results: RunResults, summary: dict[str, Any]) -> str:
-    timeline = score_timeline(results.records)
+    timeline = results.timeline or score_timeline(results.records)
     hosts = _hostnames(results.header)
     figures = [
         figure_html(
@@ -282,7 +287,7 @@ def _plots(results: RunResults, summary: dict[str, Any]) -> str:
             "best validation error",
         ),
         figure_html(
-            plots.ops_per_node(results.epochs, hosts),
+            plots.ops_per_node(results.epochs, hosts, weight=results.epochs_stride),
             "Counted operations of the epochs each node completed, per second.",
             "OPS per node",
         ),
@@ -340,7 +345,8 @@ def _top_architectures(results: RunResults) -> str:
         "morphisms",
     ]
     shown = min(TOP_ARCHITECTURES, len(trials))
-    note = f'<p class="sub">The {shown} most accurate of {len(results.trials)} trials; click a column to sort.</p>'
+    total = max(results.trials_total, len(results.trials))
+    note = f'<p class="sub">The {shown} most accurate of {total} trials; click a column to sort.</p>'
     return note + _table(headers, rows, sortable=True)
 
 
@@ -572,8 +578,9 @@ def render_report(results: RunResults, summary: dict[str, Any], run_dir: str | P
 def write_report(run_dir: str | Path, output: str | Path | None = None) -> Path:
     """Write ``report.html`` (or ``output``) for the run in ``run_dir``; returns its path."""
     run_dir = Path(run_dir)
-    results = load(run_dir)
-    summary = build_summary(run_dir, results.records)
+    digest = RunDigest(run_dir / LEDGER_NAME, reread=lambda: iter_ledger(run_dir))
+    results = load(run_dir, max_rows=REPORT_ROWS, digest=digest)  # one pass over the ledger for both
+    summary = build_summary(run_dir, digest=digest)
     page = render_report(results, summary, run_dir)
     path = Path(output) if output else run_dir / REPORT_NAME
     if path.is_dir():

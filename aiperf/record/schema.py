@@ -26,7 +26,9 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Iterable
-from typing import Annotated, Any, Literal, TypeVar
+from dataclasses import dataclass
+from operator import itemgetter
+from typing import Annotated, Any, Literal, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError
 from pydantic_core import PydanticCustomError
@@ -592,6 +594,9 @@ SHAPES: dict[str, type[Record]] = {
 }
 
 
+SHAPES_TYPE: dict[str, RecordType] = {t.value: t for t in RecordType}
+
+
 def _where(record: dict[str, Any], index: int) -> str:
     seq, rtype = record.get("seq"), record.get("type")
     seq_text = str(seq) if isinstance(seq, int) and not isinstance(seq, bool) and 0 <= seq < 10**12 else excerpt(seq)
@@ -603,12 +608,296 @@ def _field(loc: tuple[Any, ...]) -> str:
     return ".".join(str(p) if isinstance(p, int) or (isinstance(p, str) and len(p) <= 40) else excerpt(p) for p in loc)
 
 
+# --- the fast path: the most frequent record types checked without pydantic -------------------------
+#
+# Epochs, trial starts and trial ends are nearly all of a long ledger, and validating them with pydantic
+# cost more than reading them (benchmarks/RESULTS.md, "The ledger at 10 million records"). Their fields are
+# checked here with the same rules as their models (strict types, the same ranges) and, when every field
+# passes, the model is built without validating again. A ledger's records of one type share a few layouts
+# (the same keys, each value of the same JSON type), so what a layout needs checked -- the ranges of its
+# numbers, the members of its lists, its enum -- is worked out once per layout (a _Plan) and each record
+# pays only for those checks. Anything the fast path does not accept -- a wrong type, a value out of
+# range, a field it has no rule for -- goes to pydantic, which decides and words the problem: the fast
+# path can only be stricter, never more lenient, than the models.
+
+_NONE = type(None)
+_INT, _NUM = (int,), (int, float)
+
+
+@dataclass(frozen=True)
+class _Rule:
+    """One field's rule, as its model states it: the JSON types it takes, a range, None allowed."""
+
+    types: tuple[type, ...]
+    low: float | None = None
+    high: float | None = None
+    optional: bool = False
+    items: type | None = None  # a list's members: all of this type
+    members: frozenset[str] | None = None  # an enum's values
+
+
+def _ranged(types: tuple[type, ...], low: float, high: float, optional: bool = False) -> _Rule:
+    return _Rule(types, low, high, optional)
+
+
+_COUNT, _POSITIVE = _ranged(_INT, 0, MAX_COUNT), _ranged(_INT, 1, MAX_COUNT)
+_QTY, _FRACTION_R = _ranged(_NUM, 0, MAX_QUANTITY), _ranged(_NUM, 0, 1)
+_OPT_COUNT, _OPT_POSITIVE = _ranged(_INT, 0, MAX_COUNT, True), _ranged(_INT, 1, MAX_COUNT, True)
+_OPT_QTY, _OPT_NUMBER = _ranged(_NUM, 0, MAX_QUANTITY, True), _ranged(_NUM, -MAX_QUANTITY, MAX_QUANTITY, True)
+_OPT_FRACTION = _ranged(_NUM, 0, 1, True)
+_STR, _OPT_STR, _OPT_BOOL, _DICT = (
+    _Rule((str,)),
+    _Rule((str,), optional=True),
+    _Rule((bool,), optional=True),
+    _Rule((dict,)),
+)
+_HEADER_RULES: dict[str, _Rule] = {
+    "seq": _COUNT,
+    "t": _ranged(_NUM, 0, MAX_T),
+    "wall": _ranged(_NUM, 0, MAX_WALL),
+    "prev": _STR,
+    "hash": _STR,
+    "type": _STR,  # the value the record was dispatched on
+}
+_FAST_RULES: dict[str, dict[str, _Rule]] = {
+    RecordType.EPOCH: {
+        "trial": _STR,
+        "epoch": _POSITIVE,
+        "attempt": _COUNT,
+        "train_images": _OPT_COUNT,
+        "steps": _OPT_COUNT,
+        "eval_images": _OPT_COUNT,
+        "batch_size": _OPT_POSITIVE,
+        "train_ops": _OPT_QTY,
+        "eval_ops": _OPT_QTY,
+        "ops": _OPT_QTY,
+        "aiperf_ops": _OPT_QTY,
+        "val_acc": _FRACTION_R,
+        "train_acc": _OPT_NUMBER,
+        "train_loss": _OPT_NUMBER,
+        "val_loss": _OPT_NUMBER,
+        "train_s": _OPT_QTY,
+        "eval_s": _OPT_QTY,
+        "data_wait_s": _OPT_QTY,
+        "input": _OPT_STR,
+        "skipped_images": _COUNT,
+        "missing_images": _COUNT,
+        "precision": _STR,
+        "oom_retries": _COUNT,
+        "idle_before_s": _OPT_NUMBER,
+        "worker": _OPT_STR,
+        "node": _OPT_STR,
+    },
+    RecordType.TRIAL_END: {
+        "trial": _STR,
+        "status": _Rule((str,), members=frozenset(s.value for s in TrialStatus)),
+        "reason": _OPT_STR,
+        "attempt": _COUNT,
+        "epochs": _OPT_COUNT,
+        "best_val_acc": _OPT_FRACTION,
+        "worker": _OPT_STR,
+        "startup_s": _OPT_QTY,
+        "first_step_s": _OPT_QTY,
+        "compile_s": _OPT_QTY,
+        "step_reused": _OPT_BOOL,
+        "batch_size": _OPT_POSITIVE,
+        "requested_batch_size": _OPT_POSITIVE,
+    },
+    RecordType.TRIAL_START: {
+        "trial": _STR,
+        "kind": _STR,
+        "parent": _OPT_STR,
+        "inherit": _OPT_STR,
+        "morphs": _Rule((list,), items=dict),
+        "lineage": _Rule((list,), items=str),
+        "arch_id": _STR,
+        "graph": _Rule((dict,), optional=True),
+        "params": _COUNT,
+        "worker": _OPT_STR,
+        "node": _OPT_STR,
+        "attempt": _COUNT,
+        "start_epoch": _COUNT,
+        "seed": _ranged(_INT, -MAX_COUNT, MAX_COUNT, True),
+        "info": _DICT,
+    },
+}
+# Nested models of the fast-path types (checked by their own plans): field -> (model, rules).
+_NESTED_RULES: dict[str, dict[str, tuple[type[_Shape], dict[str, _Rule]]]] = {
+    RecordType.TRIAL_START: {
+        "hparams": (
+            TrialHparams,
+            {
+                "learning_rate": _OPT_QTY,
+                "batch_size": _OPT_POSITIVE,
+                "weight_decay": _OPT_QTY,
+                "dropout": _OPT_FRACTION,
+                "kernel_size": _OPT_POSITIVE,
+                "epochs": _OPT_POSITIVE,
+            },
+        ),
+        "flops": (
+            TrialFlops,
+            {
+                "forward": _OPT_QTY,
+                "backward": _OPT_QTY,
+                "update_per_step": _OPT_QTY,
+                "train_per_image": _QTY,
+                "eval_per_image": _OPT_QTY,
+            },
+        ),
+    },
+}
+_TRIAL_STATUSES: dict[str, TrialStatus] = {s.value: s for s in TrialStatus}
+_ENUMS: dict[str, dict[str, Any]] = {"status": _TRIAL_STATUSES}
+
+
+class _Plan:
+    """What one layout of a record (its keys and their JSON types) needs checked, and how its model is built."""
+
+    __slots__ = ("enums", "extra", "fixed", "items", "mutable", "nested", "ranges", "shape", "type_value")
+
+    def __init__(self, shape: type[_Shape], rules: dict[str, _Rule], keys: tuple[str, ...], types: tuple[type, ...]):
+        fields = shape.model_fields
+        by_range: dict[tuple[float, float], list[str]] = {}
+        self.items: list[tuple[str, type]] = []
+        self.enums: list[tuple[str, dict[str, Any]]] = []
+        self.nested: list[tuple[str, type[_Shape], dict[str, _Rule]]] = []
+        nested = {name: spec for spec_of in _NESTED_RULES.values() for name, spec in spec_of.items()}
+        for name, kind in zip(keys, types, strict=True):
+            rule = rules.get(name)
+            if rule is None:
+                if name in nested and name in fields and kind is dict and shape in (TrialStartRecord,):
+                    self.nested.append((name, *nested[name]))
+                    continue
+                if name in fields:
+                    raise _NoPlan  # a declared field without a rule here: pydantic checks it
+                continue  # a field no model declares: kept, unchecked, as pydantic keeps it
+            if kind is _NONE:
+                if not rule.optional:
+                    raise _NoPlan
+                continue
+            if kind not in rule.types:
+                raise _NoPlan
+            if rule.low is not None and rule.high is not None:
+                by_range.setdefault((rule.low, rule.high), []).append(name)
+            if rule.items is not None:
+                self.items.append((name, rule.items))
+            if rule.members is not None:
+                self.enums.append((name, _ENUMS[name]))
+        required = {name for name, field in fields.items() if field.is_required()}
+        if not required <= set(keys):
+            raise _NoPlan
+        self.ranges = [(itemgetter(*names), len(names) == 1, low, high) for (low, high), names in by_range.items()]
+        self.shape = shape
+        self.type_value = SHAPES_TYPE.get(shape.model_fields["type"].default) if "type" in fields else None
+        defaults = _defaults(shape)
+        self.fixed = {name: value for name, value in defaults[0].items() if name not in keys}
+        self.mutable = [name for name in defaults[1] if name not in keys]
+        self.extra = [name for name in keys if name not in fields]  # kept, unchecked, as pydantic keeps them
+
+    def build(self, record: dict[str, Any]) -> Any:
+        """The model of ``record`` if its values pass, else None."""
+        for getter, single, low, high in self.ranges:
+            if single:
+                value = getter(record)
+                if not low <= value <= high:  # NaN fails both comparisons
+                    return None
+            else:
+                values = getter(record)
+                try:
+                    total = sum(values)
+                except OverflowError:  # an integer too large for a float beside floats: pydantic words it
+                    return None
+                if total != total or min(values) < low or max(values) > high:  # NaN, or out of range
+                    return None
+        for name, kind in self.items:
+            if not all(type(item) is kind for item in record[name]):
+                return None
+        data = {**self.fixed, **record}
+        for name, members in self.enums:
+            member = members.get(record[name])
+            if member is None:
+                return None
+            data[name] = member
+        for name, model, rules in self.nested:
+            built = _fast_build(model, rules, record[name])
+            if built is None:
+                return None
+            data[name] = built
+        if self.type_value is not None:
+            data["type"] = self.type_value
+        for name in self.mutable:
+            data[name] = self.shape.model_fields[name].get_default(call_default_factory=True)
+        extra = {name: data.pop(name) for name in self.extra}
+        obj = self.shape.__new__(self.shape)
+        object.__setattr__(obj, "__dict__", data)
+        object.__setattr__(obj, "__pydantic_fields_set__", set(record))  # extra fields count as set, as in pydantic
+        object.__setattr__(obj, "__pydantic_extra__", extra)
+        object.__setattr__(obj, "__pydantic_private__", None)
+        return obj
+
+
+class _NoPlan(Exception):
+    """A layout the fast path leaves to pydantic."""
+
+
+_DEFAULTS: dict[type[_Shape], tuple[dict[str, Any], dict[str, Any]]] = {}  # shape -> (immutable, mutable) defaults
+
+
+def _defaults(shape: type[_Shape]) -> tuple[dict[str, Any], dict[str, Any]]:
+    found = _DEFAULTS.get(shape)
+    if found is None:
+        fixed: dict[str, Any] = {}
+        mutable: dict[str, Any] = {}
+        for name, field in shape.model_fields.items():
+            if not field.is_required():
+                default = field.get_default(call_default_factory=True)
+                (mutable if isinstance(default, (list, dict, set, BaseModel)) else fixed)[name] = default
+        found = _DEFAULTS[shape] = (fixed, mutable)
+    return found
+
+
+_PLANS: dict[tuple[Any, ...], _Plan | None] = {}
+MAX_PLANS = 4096  # layouts remembered; a ledger has a handful per record type
+
+
+def _fast_build(shape: type[_Shape], rules: dict[str, _Rule], record: dict[str, Any]) -> Any:
+    key = (shape, tuple(record), tuple(map(type, record.values())))
+    try:
+        plan = _PLANS[key]
+    except KeyError:
+        try:
+            plan = _Plan(shape, rules, key[1], key[2])
+        except _NoPlan:
+            plan = None
+        if len(_PLANS) >= MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return None if plan is None else plan.build(record)
+
+
+def _fast(rtype: str, record: dict[str, Any]) -> Record | None:
+    rules = _FAST_RULES_ALL.get(rtype)
+    if rules is None:
+        return None
+    return cast(Record | None, _fast_build(SHAPES[rtype], rules, record))
+
+
+_FAST_RULES_ALL: dict[str, dict[str, _Rule]] = {
+    rtype: {**_HEADER_RULES, **rules} for rtype, rules in _FAST_RULES.items()
+}
+
+
 def _parse(record: dict[str, Any], index: int) -> Record | str:
     """The record as its model, or what is wrong with it (one line)."""
     missing = next((name for name in HEADER if name not in record), None)
     if missing is not None:
         return f"{_where(record, index)}: {missing}: field required (missing)"
     rtype = record["type"]
+    if type(rtype) is str:
+        fast = _fast(rtype, record)
+        if fast is not None:
+            return fast
     shape = SHAPES.get(rtype, Record) if isinstance(rtype, str) else Record
     try:
         return shape.model_validate(record)
@@ -616,6 +905,19 @@ def _parse(record: dict[str, Any], index: int) -> Record | str:
         err = exc.errors()[0]
         got = "missing" if err["type"] == "missing" else f"got {excerpt(err.get('input'))}"
         return f"{_where(record, index)}: {_field(err['loc'])}: {err['msg'].lower()} ({got})"
+
+
+def checked_record(record: dict[str, Any], index: int = 0) -> Record | str:
+    """One ledger JSON object as its typed record, or what is wrong with its shape (one line)."""
+    return _parse(record, index)
+
+
+def parse_record(record: dict[str, Any], index: int = 0, source: Any = "the ledger") -> Record:
+    """One ledger JSON object as its typed record; :class:`AiperfError` names what is wrong with it."""
+    result = _parse(record, index)
+    if isinstance(result, str):
+        raise AiperfError(f"{source}: {result}")
+    return result
 
 
 def record_problem(record: dict[str, Any], index: int = 0) -> str | None:

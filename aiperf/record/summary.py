@@ -12,33 +12,40 @@ but telemetry can add notes to the verdict (a machine shared with other work, se
 from __future__ import annotations
 
 import json
+from array import array
+from collections.abc import Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypedDict
 
 from aiperf.errors import AiperfError, os_error
 from aiperf.metrics.rules import evaluate_rules
-from aiperf.metrics.score import compute_score, format_ops
-from aiperf.metrics.steadiness import steadiness
-from aiperf.record.efficiency import efficiency_summary, format_efficiency
+from aiperf.metrics.score import Score, ScoreTally, format_ops
+from aiperf.metrics.steadiness import spread_rates, steadiness_of
+from aiperf.record.efficiency import NodeEpochs, efficiency_of, format_efficiency
 from aiperf.record.energy import EnergySummary, format_energy, not_measured, summarize_energy
 from aiperf.record.files import write_atomic
 from aiperf.record.inert import inert, inert_tree
-from aiperf.record.ledger import LEDGER_NAME, read_ledger
+from aiperf.record.ledger import LEDGER_NAME, iter_ledger
 from aiperf.record.schema import (
     BadImagesRecord,
     EpochRecord,
     Record,
+    RecordType,
     RunStartRecord,
     RunStopRecord,
     TrialEndRecord,
     TrialStartRecord,
+    TrialStatus,
     WorkerFailedRecord,
     WorkerRecord,
-    of_type,
 )
 from aiperf.record.telemetry import TelemetrySummary, read_telemetry, shared_machine_notes, summarize_telemetry
 
 SUMMARY_NAME = "summary.json"
+# The largest summary.json a reader accepts: its per-worker section is about 250 B a worker, so
+# 16.4 MB at 65,536 workers and 33 MB at 131,072 (the most a run may have; aiperf.config.MAX_WORKERS).
+MAX_SUMMARY_BYTES = 64 * 2**20
 STARVED_FRACTION = 0.10  # a worker waiting longer than this share of its step time for input is starved
 
 
@@ -116,116 +123,49 @@ class DeviceSummary(TypedDict):
     workers_by_device: dict[str, int]  # "kind: name" -> workers
 
 
-def _worker_summary(records: list[Record]) -> WorkersSummary:
-    workers = of_type(records, WorkerRecord)
-    ends = [r for r in of_type(records, TrialEndRecord) if r.step_reused is not None]
-    fractions = [w.busy_fraction for w in workers if w.busy_fraction is not None]
-    steady = [w.steady_busy_fraction for w in workers if w.steady_busy_fraction is not None]
-    gaps = [w.idle_gaps.mean_s for w in workers if w.idle_gaps.mean_s is not None]
-    return {
-        "count": len(workers),
-        "busy_fraction_mean": sum(fractions) / len(fractions) if fractions else None,
-        "busy_fraction_min": min(fractions) if fractions else None,
-        # Busy time less each completed trial's compile_s (its first step and evaluation beyond ordinary ones).
-        "steady_busy_fraction_mean": sum(steady) / len(steady) if steady else None,
-        "idle_gap_mean_s": sum(gaps) / len(gaps) if gaps else None,
-        # Completed trials whose worker reused a model it had compiled (no tracing, no compiling).
-        "trials_step_reused": sum(1 for r in ends if r.step_reused),
-        "trials_step_known": len(ends),
-        "per_worker": {
-            w.worker: {
-                "node": w.node,
-                "busy_fraction": w.busy_fraction,
-                "busy_s": w.busy_s,
-                "compile_s": w.compile_s,
-                "alive_s": w.alive_s,
-                "idle_gap_mean_s": w.idle_gaps.mean_s,
-            }
-            for w in workers
-        },
-    }
+class _Workers:
+    """The ``worker`` records as the summary uses them, kept one at a time."""
+
+    def __init__(self, keep_last: bool) -> None:
+        self.count = 0
+        self.fractions: list[float] = []
+        self.steady: list[float] = []
+        self.gaps: list[float] = []
+        self.per_worker: dict[str, WorkerLife] = {}
+        self.threads: set[int] = set()
+        self.devices: dict[str, int] = {}
+        self.keep_last = keep_last  # efficiency needs each worker's last record (its ceiling) when kinds are known
+        self.last: dict[str, WorkerRecord] = {}
+
+    def add(self, w: WorkerRecord) -> None:
+        self.count += 1
+        if w.busy_fraction is not None:
+            self.fractions.append(w.busy_fraction)
+        if w.steady_busy_fraction is not None:
+            self.steady.append(w.steady_busy_fraction)
+        if w.idle_gaps.mean_s is not None:
+            self.gaps.append(w.idle_gaps.mean_s)
+        self.per_worker[w.worker] = {
+            "node": w.node,
+            "busy_fraction": w.busy_fraction,
+            "busy_s": w.busy_s,
+            "compile_s": w.compile_s,
+            "alive_s": w.alive_s,
+            "idle_gap_mean_s": w.idle_gaps.mean_s,
+        }
+        if w.decode_threads:
+            self.threads.add(w.decode_threads)
+        key = f"{w.device.get('kind', '?')}: {w.device.get('name', '?')}"  # device: as the worker reported it
+        self.devices[key] = self.devices.get(key, 0) + 1
+        if self.keep_last:
+            self.last.pop(w.worker, None)  # a worker's last record states its life (and keeps its place last)
+            self.last[w.worker] = w
 
 
 def _storage(start: RunStartRecord) -> str:
     """How the images were held: ``storage`` where the header says, else from ``streaming`` (older headers)."""
     dataset = start.dataset
     return dataset.storage or ("stream" if dataset.streaming else "memory")
-
-
-def _input_summary(start: RunStartRecord, records: list[Record]) -> InputSummary:
-    """How long the training loops waited for input, overall and per worker (from the epoch records)."""
-    measured = [r for r in of_type(records, EpochRecord) if r.data_wait_s is not None]
-    per_worker: dict[str, list[float]] = {}
-    for r in measured:
-        wait_train = per_worker.setdefault(r.worker or "?", [0.0, 0.0])
-        wait_train[0] += r.data_wait_s or 0.0  # not None: filtered above
-        wait_train[1] += r.train_s or 0.0  # optional in the record's shape
-    wait = sum(w for w, _ in per_worker.values())
-    train = sum(t for _, t in per_worker.values())
-    fractions = {w: (wt[0] / wt[1] if wt[1] > 0 else None) for w, wt in per_worker.items()}
-    threads = sorted({w.decode_threads for w in of_type(records, WorkerRecord) if w.decode_threads})
-    return {
-        "storage": _storage(start),
-        "epochs_measured": len(measured),
-        "data_wait_s": wait,
-        "train_s": train,
-        "wait_fraction": wait / train if train > 0 else None,
-        "per_worker_wait_fraction": fractions,
-        "starved_workers": sorted(w for w, f in fractions.items() if f is not None and f > STARVED_FRACTION),
-        "starved_threshold": STARVED_FRACTION,
-        "decode_threads": threads,
-    }
-
-
-def _bad_images_summary(start: RunStartRecord, records: list[Record]) -> BadImagesSummary:
-    """Images skipped because they could not be decoded: at load time (in memory) and on the workers."""
-    dataset = start.dataset
-    at_load_count = dataset.bad_images.count if dataset.bad_images is not None else 0
-    at_load_files = dataset.bad_images.files if dataset.bad_images is not None else []
-    missing = dataset.bad_images.missing_count if dataset.bad_images is not None else 0
-    streamed: list[str] = []
-    for r in of_type(records, BadImagesRecord):
-        streamed.extend(f for f in r.files if f not in streamed)
-        missing += len(r.missing)
-    count = at_load_count + len(streamed)
-    total = (dataset.train_images or 0) + (dataset.eval_images or 0) + at_load_count
-    return {
-        "count": count,
-        "fraction": count / total if total else None,
-        "files": (list(at_load_files) + streamed)[:20],
-        "max_fraction": start.config.dataset.max_bad_fraction,
-        "missing": missing,
-    }
-
-
-def _start_failures(records: list[Record]) -> StartFailures:
-    failed = of_type(records, WorkerFailedRecord)
-    first = failed[0] if failed else None
-    return {
-        "count": len(failed),
-        "first": (
-            {"worker": first.worker, "hostname": first.hostname, "node": first.node, "cause": first.cause}
-            if first is not None
-            else None
-        ),
-    }
-
-
-def _device_summary(start: RunStartRecord, records: list[Record]) -> DeviceSummary:
-    plan = start.plan
-    devices: dict[str, int] = {}
-    for w in of_type(records, WorkerRecord):
-        key = f"{w.device.get('kind', '?')}: {w.device.get('name', '?')}"  # device: as the worker reported it
-        devices[key] = devices.get(key, 0) + 1
-    return {
-        "nodes": len(plan.nodes),
-        "cpus": sum(n.cpus for n in plan.nodes),
-        "gpus": sum(n.gpus for n in plan.nodes),
-        "accelerators": sorted({n.accelerator for n in plan.nodes if n.accelerator}),
-        "concurrency": plan.concurrency,
-        "placement": plan.placement,
-        "workers_by_device": devices,
-    }
 
 
 def _header(records: list[Record], source: object) -> RunStartRecord:
@@ -238,98 +178,333 @@ def _header(records: list[Record], source: object) -> RunStartRecord:
     return start
 
 
-def summarize(records: list[Record], source: object = "the ledger") -> dict[str, Any]:
-    """Everything the run claims, derived from its ledger records (as ``read_ledger`` returns them)."""
-    start = _header(records, source)
-    score = compute_score(records)
-    verdict = evaluate_rules(records, score)
-    ends = of_type(records, TrialEndRecord)
-    starts = of_type(records, TrialStartRecord)
-    epochs = of_type(records, EpochRecord)
-    stops = of_type(records, RunStopRecord)
-    statuses: dict[str, int] = {}
-    for r in ends:
-        statuses[r.status.value] = statuses.get(r.status.value, 0) + 1
-    best = max(epochs, key=lambda r: (r.val_acc, -r.seq), default=None)
-    best_trial = None
-    if best is not None:
-        ts = next((r for r in starts if r.trial == best.trial), None)
-        if ts is None:
+_BestInfo = tuple[str, int, str, list[str], float]  # arch_id, params, kind, lineage, flops.train_per_image
+
+
+class RunDigest:
+    """Everything the summary says, gathered one record at a time: :func:`summarize` without the ledger in memory.
+
+    A ten-million-record ledger is read once, in file order, and what is kept grows with the
+    run's trials, workers and nodes, not with its records (docs/ledger.md, "Reading a long ledger"):
+    per trial a flag word in one dictionary and its architecture id; per epoch three floats for
+    the steadiness windows (which need the run's end before they can be filled); per worker
+    and per node their sums. Every figure is the one :func:`summarize` computed from the whole
+    list before (the sums are taken in file order, as it took them).
+
+    ``reread`` gives the records again from the start; it is needed only when the best epoch
+    belongs to a trial that had already ended (a ledger no writer of ours produces), to find
+    that trial's start.
+    """
+
+    _STARTED, _COMPLETED = 1, 2
+
+    def __init__(self, source: object = "the ledger", reread: Callable[[], Iterable[Record]] | None = None) -> None:
+        self.source = source
+        self.reread = reread
+        self.start: RunStartRecord | None = None
+        self.count = 0
+        self.last_hash = ""
+        self.last_run: Record | None = None  # the latest record that is not an audit
+        # score
+        self.tally = ScoreTally(count_trials=False)  # the score's sums: one definition (compute_score's)
+        self.epoch_end = 0.0
+        self.epochs = 0
+        self.trial_flags: dict[str, int] = {}
+        self.started = self.completed = 0
+        self.by_status: dict[str, int] = {}
+        self.step_known = self.step_reused = 0  # completed trials whose step reuse is known, and those reused
+        self.arch_ids: set[str] = set()
+        # the best epoch and its trial
+        self.best_key: tuple[float, int] | None = None
+        self.best_epoch: EpochRecord | None = None
+        self.best_info: _BestInfo | None = None
+        self.open_info: dict[str, _BestInfo] = {}  # trials started and not ended: their first start's facts
+        # precisions, in the order they first appear, with their first epoch (the precision rule's input)
+        self.precision_epochs: dict[str, EpochRecord] = {}
+        self.stop: RunStopRecord | None = None
+        self.lo, self.hi, self.amount = array("d"), array("d"), array("d")  # each epoch's busy interval and ops
+        self.node_epochs = NodeEpochs()
+        self.workers: _Workers | None = None
+        self.wait: dict[str, list[float]] = {}  # worker -> [data_wait_s, train_s] of its measured epochs
+        self.measured = 0
+        self.bad_files: list[str] = []
+        self.bad_missing = 0
+        self.failed_count = 0
+        self.first_failed: WorkerFailedRecord | None = None
+
+    def add(self, rec: Record) -> None:
+        if self.start is None:
+            if not isinstance(rec, RunStartRecord):
+                raise AiperfError(f"{self.source}: the ledger does not begin with a run_start record")
+            self.start = rec
+            self.workers = _Workers(keep_last=bool(rec.system.kinds))
+        self.count += 1
+        self.last_hash = rec.hash
+        if rec.type != RecordType.AUDIT:
+            self.last_run = rec
+            self.tally.add(rec)
+        if isinstance(rec, EpochRecord):
+            self._epoch(rec)
+        elif isinstance(rec, TrialStartRecord):
+            flags = self.trial_flags.get(rec.trial)
+            if flags is None or not flags & self._STARTED:
+                self.started += 1
+                self.trial_flags[rec.trial] = (flags or 0) | self._STARTED
+                info = (rec.arch_id, rec.params, rec.kind, rec.lineage, rec.flops.train_per_image)
+                self.open_info[rec.trial] = info
+            self.arch_ids.add(rec.arch_id)
+        elif isinstance(rec, TrialEndRecord):
+            status = rec.status.value
+            self.by_status[status] = self.by_status.get(status, 0) + 1
+            flags = self.trial_flags.get(rec.trial, 0)
+            if rec.status == TrialStatus.COMPLETED and not flags & self._COMPLETED:
+                self.completed += 1
+                self.trial_flags[rec.trial] = flags | self._COMPLETED
+            self.open_info.pop(rec.trial, None)
+            if rec.step_reused is not None:
+                self.step_known += 1
+                self.step_reused += bool(rec.step_reused)
+        elif isinstance(rec, WorkerRecord):
+            assert self.workers is not None
+            self.workers.add(rec)
+        elif isinstance(rec, RunStopRecord):
+            self.stop = rec
+        elif isinstance(rec, BadImagesRecord):
+            self.bad_files.extend(f for f in rec.files if f not in self.bad_files)
+            self.bad_missing += len(rec.missing)
+        elif isinstance(rec, WorkerFailedRecord):
+            self.failed_count += 1
+            if self.first_failed is None:
+                self.first_failed = rec
+
+    def _epoch(self, rec: EpochRecord) -> None:
+        ops = float(rec.ops or 0.0)
+        end = float(rec.t)
+        self.epoch_end = max(self.epoch_end, end)
+        self.epochs += 1
+        if rec.val_acc is not None:  # required by the shape; a record built without validation may lack it
+            key = (rec.val_acc, -rec.seq)
+            if self.best_key is None or key > self.best_key:
+                self.best_key, self.best_epoch = key, rec
+                self.best_info = self.open_info.get(rec.trial)
+        if rec.precision not in self.precision_epochs:
+            self.precision_epochs[rec.precision] = rec
+        busy = float(rec.train_s or 0.0) + float(rec.eval_s or 0.0)
+        self.lo.append(max(0.0, end - busy))
+        self.hi.append(end)
+        self.amount.append(ops)
+        self.node_epochs.add(rec)
+        if rec.data_wait_s is not None:
+            self.measured += 1
+            wait_train = self.wait.setdefault(rec.worker or "?", [0.0, 0.0])
+            wait_train[0] += rec.data_wait_s or 0.0
+            wait_train[1] += rec.train_s or 0.0  # optional in the record's shape
+
+    def score(self) -> Score:
+        """:func:`aiperf.metrics.score.compute_score` of the records added."""
+        end = self.last_run if isinstance(self.last_run, RunStopRecord) else None  # the recorded end
+        return replace(self.tally.score(end), trials_completed=self.completed, trials_started=self.started)
+
+    def _best_trial(self) -> dict[str, Any] | None:
+        best = self.best_epoch
+        if best is None:
+            return None
+        if not self.trial_flags.get(best.trial, 0) & self._STARTED:
             raise AiperfError(f"the ledger's best epoch (seq {best.seq}) belongs to a trial that never started")
-        best_trial = {
+        info = self.best_info
+        if info is None and self.reread is not None:  # its trial had ended before it: find its start again
+            ts = next(r for r in self.reread() if isinstance(r, TrialStartRecord) and r.trial == best.trial)
+            info = (ts.arch_id, ts.params, ts.kind, ts.lineage, ts.flops.train_per_image)
+        if info is None:
+            raise AiperfError(f"the ledger's best epoch (seq {best.seq}) belongs to a trial that never started")
+        arch_id, params, kind, lineage, train_per_image = info
+        return {
             "trial": best.trial,
             "epoch": best.epoch,
             "val_acc": best.val_acc,
-            "arch_id": ts.arch_id,
-            "params": ts.params,
-            "kind": ts.kind,
-            "lineage": ts.lineage,
-            "flops_train_per_image": ts.flops.train_per_image,
+            "arch_id": arch_id,
+            "params": params,
+            "kind": kind,
+            "lineage": lineage,
+            "flops_train_per_image": train_per_image,
         }
-    precisions = sorted({r.precision for r in epochs})
-    dataset, plan = start.dataset, start.plan
-    return {
-        "run_id": start.run_id,
-        "name": start.config.run.name,
-        "status": stops[-1].status.value if stops else "running or killed",
-        "stop_reason": stops[-1].reason if stops else "no run_stop record: the master was killed",
-        "dataset": {
-            "name": dataset.name,
-            "train_images": dataset.train_images,
-            "eval_images": dataset.eval_images,
-            "input_shape": dataset.input_shape,
-            "num_classes": dataset.num_classes,
-            "fingerprint": dataset.fingerprint,
-        },
-        "backend": plan.backend,
-        "precision": precisions,
-        "devices": _device_summary(start, records),
-        "score": {
-            **score.to_dict(),
-            "ops_human": format_ops(score.ops_per_s),
-            "regulated_human": format_ops(score.regulated),
-            "aiperf_regulated_human": format_ops(score.aiperf_regulated),
-        },
-        "steadiness": steady.to_dict() if (steady := steadiness(records)) is not None else None,
-        "efficiency": efficiency_summary(records, score.ops_per_s, score.wall_s),
-        "verdict": {**verdict.to_dict(), "headline": verdict.headline()},
-        "trials": {
-            "started": len({r.trial for r in starts}),
-            "by_status": statuses,
-            "distinct_architectures": len({r.arch_id for r in starts}),
-            "epochs_counted": len(epochs),
-        },
-        "best": best_trial,
-        "workers": _worker_summary(records),
-        "input": _input_summary(start, records),
-        "bad_images": _bad_images_summary(start, records),
-        "worker_start_failures": _start_failures(records),
-        "ledger": {"records": len(records), "last_hash": records[-1].hash},
-    }
+
+    def summary(self) -> dict[str, Any]:
+        """Everything the run claims: what :func:`summarize` returns for the records added."""
+        start, workers = self.start, self.workers
+        if start is None or workers is None:
+            raise AiperfError(f"{self.source}: the ledger has no complete record")
+        score = self.score()
+        # The rules see the header, the first epoch of each precision (the precision rule keeps the weakest,
+        # the first of equals) and the run's last record (the recorded end): all they read of the records.
+        last = [self.last_run] if self.last_run is not None else []
+        verdict = evaluate_rules([start, *self.precision_epochs.values(), *last], score)
+        width, rates = spread_rates(zip(self.lo, self.hi, self.amount, strict=True), self.epoch_end)
+        steady = steadiness_of(width, rates, self.epochs)
+        stop = self.stop
+        dataset, plan = start.dataset, start.plan
+        return {
+            "run_id": start.run_id,
+            "name": start.config.run.name,
+            "status": stop.status.value if stop else "running or killed",
+            "stop_reason": stop.reason if stop else "no run_stop record: the master was killed",
+            "dataset": {
+                "name": dataset.name,
+                "train_images": dataset.train_images,
+                "eval_images": dataset.eval_images,
+                "input_shape": dataset.input_shape,
+                "num_classes": dataset.num_classes,
+                "fingerprint": dataset.fingerprint,
+            },
+            "backend": plan.backend,
+            "precision": sorted(self.precision_epochs),
+            "devices": {
+                "nodes": len(plan.nodes),
+                "cpus": sum(n.cpus for n in plan.nodes),
+                "gpus": sum(n.gpus for n in plan.nodes),
+                "accelerators": sorted({n.accelerator for n in plan.nodes if n.accelerator}),
+                "concurrency": plan.concurrency,
+                "placement": plan.placement,
+                "workers_by_device": workers.devices,
+            },
+            "score": {
+                **score.to_dict(),
+                "ops_human": format_ops(score.ops_per_s),
+                "regulated_human": format_ops(score.regulated),
+                "aiperf_regulated_human": format_ops(score.aiperf_regulated),
+            },
+            "steadiness": steady.to_dict() if steady is not None else None,
+            "efficiency": efficiency_of(
+                start, self.node_epochs, list(workers.last.values()), score.ops_per_s, score.wall_s
+            ),
+            "verdict": {**verdict.to_dict(), "headline": verdict.headline()},
+            "trials": {
+                "started": self.started,
+                "by_status": self.by_status,
+                "distinct_architectures": len(self.arch_ids),
+                "epochs_counted": self.epochs,
+            },
+            "best": self._best_trial(),
+            "workers": self._workers_summary(workers),
+            "input": self._input_summary(start, workers),
+            "bad_images": self._bad_images_summary(start),
+            "worker_start_failures": self._start_failures(),
+            "ledger": {"records": self.count, "last_hash": self.last_hash},
+        }
+
+    def _workers_summary(self, w: _Workers) -> WorkersSummary:
+        return {
+            "count": w.count,
+            "busy_fraction_mean": sum(w.fractions) / len(w.fractions) if w.fractions else None,
+            "busy_fraction_min": min(w.fractions) if w.fractions else None,
+            # Busy time less each completed trial's compile_s (its first step and evaluation beyond ordinary ones).
+            "steady_busy_fraction_mean": sum(w.steady) / len(w.steady) if w.steady else None,
+            "idle_gap_mean_s": sum(w.gaps) / len(w.gaps) if w.gaps else None,
+            # Completed trials whose worker reused a model it had compiled (no tracing, no compiling).
+            "trials_step_reused": self.step_reused,
+            "trials_step_known": self.step_known,
+            "per_worker": w.per_worker,
+        }
+
+    def _input_summary(self, start: RunStartRecord, w: _Workers) -> InputSummary:
+        """How long the training loops waited for input, overall and per worker (from the epoch records)."""
+        per_worker = self.wait
+        wait = sum(x for x, _ in per_worker.values())
+        train = sum(t for _, t in per_worker.values())
+        fractions = {k: (wt[0] / wt[1] if wt[1] > 0 else None) for k, wt in per_worker.items()}
+        return {
+            "storage": _storage(start),
+            "epochs_measured": self.measured,
+            "data_wait_s": wait,
+            "train_s": train,
+            "wait_fraction": wait / train if train > 0 else None,
+            "per_worker_wait_fraction": fractions,
+            "starved_workers": sorted(k for k, f in fractions.items() if f is not None and f > STARVED_FRACTION),
+            "starved_threshold": STARVED_FRACTION,
+            "decode_threads": sorted(w.threads),
+        }
+
+    def _bad_images_summary(self, start: RunStartRecord) -> BadImagesSummary:
+        """Images skipped because they could not be decoded: at load time (in memory) and on the workers."""
+        dataset = start.dataset
+        at_load_count = dataset.bad_images.count if dataset.bad_images is not None else 0
+        at_load_files = dataset.bad_images.files if dataset.bad_images is not None else []
+        missing = dataset.bad_images.missing_count if dataset.bad_images is not None else 0
+        count = at_load_count + len(self.bad_files)
+        total = (dataset.train_images or 0) + (dataset.eval_images or 0) + at_load_count
+        return {
+            "count": count,
+            "fraction": count / total if total else None,
+            "files": (list(at_load_files) + self.bad_files)[:20],
+            "max_fraction": start.config.dataset.max_bad_fraction,
+            "missing": missing + self.bad_missing,
+        }
+
+    def _start_failures(self) -> StartFailures:
+        first = self.first_failed
+        return {
+            "count": self.failed_count,
+            "first": (
+                {"worker": first.worker, "hostname": first.hostname, "node": first.node, "cause": first.cause}
+                if first is not None
+                else None
+            ),
+        }
 
 
-def build_summary(run_dir: str | Path, records: list[Record] | None = None) -> dict[str, Any]:
-    """The summary of ``run_dir``: :func:`summarize` of its ledger plus its telemetry, if it has any."""
+def summarize(records: Iterable[Record], source: object = "the ledger") -> dict[str, Any]:
+    """Everything the run claims, derived from its ledger records (as ``read_ledger`` returns them)."""
+    records = records if isinstance(records, list) else list(records)
+    _header(records, source)
+    digest = RunDigest(source, reread=lambda: records)
+    for rec in records:
+        digest.add(rec)
+    return digest.summary()
+
+
+def build_summary(
+    run_dir: str | Path, records: list[Record] | None = None, digest: RunDigest | None = None
+) -> dict[str, Any]:
+    """The summary of ``run_dir``: its ledger's summary plus its telemetry, if it has any.
+
+    The ledger is read one record at a time (:class:`RunDigest`) unless ``records`` or a
+    ``digest`` already fed with them is given.
+    """
     run_dir = Path(run_dir)
-    records = read_ledger(run_dir) if records is None else records
-    summary = summarize(records, run_dir / LEDGER_NAME)
+    source = run_dir / LEDGER_NAME
+    if digest is None:
+        if records is not None:
+            _header(records, source)
+            digest = RunDigest(source, reread=lambda: records)
+            for rec in records:
+                digest.add(rec)
+        else:
+            digest = RunDigest(source, reread=lambda: iter_ledger(run_dir))
+            for rec in iter_ledger(run_dir):
+                digest.add(rec)
+    summary = digest.summary()
+    start = digest.start
+    assert start is not None  # summary() refused a ledger without one
     samples = read_telemetry(run_dir)
     if samples:
-        interval = _header(records, run_dir / LEDGER_NAME).config.run.telemetry_interval_s
+        interval = start.config.run.telemetry_interval_s
         summary["telemetry"] = summarize_telemetry(samples, interval)
         notes = shared_machine_notes(summary["telemetry"])
         if notes:  # additive: the rules' verdict stands; the notes say what it was measured beside
             verdict = summary["verdict"]
             verdict["notes"] = notes
             verdict["headline"] = f"{verdict['headline']}; {'; '.join(notes)}"
-    summary["energy"] = energy_section(summary, samples, records, run_dir / LEDGER_NAME)
+    summary["energy"] = energy_section(summary, samples, [start], source)
     return summary
 
 
 def energy_section(
     summary: dict[str, Any], samples: list[dict[str, Any]], records: list[Record], source: object
 ) -> EnergySummary:
-    """The ``energy`` section: the run's OPS per watt with its sources and methodology level, or why there is none."""
+    """The ``energy`` section: the run's OPS per watt with its sources and methodology level, or why there is none.
+
+    Of ``records`` only the first, the ``run_start``, is read.
+    """
     if not samples:
         return not_measured("no telemetry recorded")
     start = _header(records, source)

@@ -36,18 +36,20 @@ exit code 1.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Generic, cast
 
 from aiperf.errors import AiperfError, excerpt
-from aiperf.metrics.flops import GraphCost, aiperf_compatible_operations, count_flops, epoch_operations
+from aiperf.metrics.flops import GraphCost, aiperf_compatible_per_image, count_flops, epoch_operations
 from aiperf.metrics.score import format_ops
 from aiperf.record.files import read_regular
 from aiperf.record.inert import inert
-from aiperf.record.ledger import read_ledger_contents, record_hash
+from aiperf.record.ledger import LEDGER_NAME, LedgerStream, iter_ledger, line_hash_matches, record_hash, sorted_json
 from aiperf.record.schema import (
     AuditRecord,
     EpochRecord,
@@ -62,11 +64,9 @@ from aiperf.record.schema import (
     TrialEndRecord,
     TrialStartRecord,
     WorkerRecord,
-    of_type,
-    parse_records,
-    shape_problems,
+    checked_record,
 )
-from aiperf.record.summary import SUMMARY_NAME, build_summary
+from aiperf.record.summary import MAX_SUMMARY_BYTES, SUMMARY_NAME, RunDigest, build_summary
 from aiperf.record.telemetry import read_telemetry
 from nas.errors import NasError
 from nas.graph import Graph
@@ -74,7 +74,6 @@ from nas.serialize import graph_from_dict
 
 REL_TOL = 1e-9  # JSON round-trips floats exactly; this only absorbs summation order
 MAX_LISTED = 10
-MAX_SUMMARY_BYTES = 16 * 1024 * 1024  # a real summary.json is a few kilobytes
 
 
 def describe(record: Record | dict[str, object]) -> str:
@@ -112,60 +111,140 @@ def _close(a: object, b: object) -> bool:
 # --- 1. the hash chain ------------------------------------------------------------------------
 
 
+class _Problems:
+    """One check's problems: the first few in full (all a report shows) and how many there were."""
+
+    def __init__(self) -> None:
+        self.listed: list[str] = []
+        self.count = 0
+
+    def add(self, problem: str) -> None:
+        self.count += 1
+        if len(self.listed) < MAX_LISTED:
+            self.listed.append(problem)
+
+    def extend(self, problems: list[str]) -> None:
+        for problem in problems:
+            self.add(problem)
+
+
+class _Chain:
+    """The chain check, one record at a time: it keeps the previous hash and a few pending messages.
+
+    A record out of place is told apart as reordered when its expected ``seq`` turns up later in
+    the file; that is known only at the end, so the first few such messages wait for it.
+    """
+
+    def __init__(self) -> None:
+        self.problems = _Problems()
+        self.index = 0
+        self.prev_hash: object = ""
+        # pending: position in problems.listed -> (the seq expected there, where, seq found)
+        self.pending: dict[int, tuple[int, str, object]] = {}
+        self.waiting: dict[int, list[int]] = {}  # an expected seq -> the pending messages that wait for it
+
+    def add(self, rec: dict[str, object], line: bytes | None = None) -> None:
+        index = self.index
+        self.index += 1
+        seq = rec.get("seq")
+        # A seq later in the file that a pending message expected: that record was moved, not removed.
+        if self.waiting and isinstance(seq, (int, float)):  # bool included: a seq compares as Python compares it
+            for k in self.waiting.pop(seq, []):  # type: ignore[arg-type]
+                expected, moved, _ = self.pending.pop(k)
+                self.problems.listed[k] = (
+                    f"{moved}: expected seq {expected} here; it comes later (records were reordered)"
+                )
+        where: str | None = None
+        claimed = rec.get("hash")
+        if not (line is not None and line_hash_matches(line, claimed)) and claimed != record_hash(rec):
+            where = f"line {index + 1}, {describe(rec)}"
+            self.problems.add(f"{where}: its content does not match its hash (the record was edited)")
+        if seq != index:
+            where = where or f"line {index + 1}, {describe(rec)}"
+            if isinstance(seq, int) and seq > index:
+                message = f"{where}: expected seq {index}; seq {index}..{seq - 1} missing (records were removed)"
+            else:
+                message = f"{where}: expected seq {index} (a record was duplicated or inserted)"
+            if len(self.problems.listed) < MAX_LISTED:
+                self.pending[len(self.problems.listed)] = (index, where, seq)
+                self.waiting.setdefault(index, []).append(len(self.problems.listed))
+            self.problems.add(message)
+        if rec.get("prev") != self.prev_hash:
+            where = where or f"line {index + 1}, {describe(rec)}"
+            self.problems.add(
+                f"{where}: 'prev' is not the hash of the record before it (records were removed, inserted or reordered)"
+            )
+        self.prev_hash = claimed
+
+
 def check_chain(records: list[dict[str, object]]) -> list[str]:
     """Sequence numbers, ``prev`` links and each record's own hash, in file order.
 
     It takes the ledger's JSON objects, shapes unchecked: a record too damaged to read as its
     model still has a place in the chain, and the hash covers exactly the bytes written.
+    (Up to ``MAX_LISTED`` problems; :func:`verify_run` streams the same check.)
     """
-    problems = []
-    seqs = [r.get("seq") for r in records]
-    for line, rec in enumerate(records):
-        where = f"line {line + 1}, {describe(rec)}"
-        if rec.get("hash") != record_hash(rec):
-            problems.append(f"{where}: its content does not match its hash (the record was edited)")
-        seq = rec.get("seq")
-        if seq != line:
-            if line in seqs[line + 1 :]:
-                problems.append(f"{where}: expected seq {line} here; it comes later (records were reordered)")
-            elif isinstance(seq, int) and seq > line:
-                problems.append(f"{where}: expected seq {line}; seq {line}..{seq - 1} missing (records were removed)")
-            else:
-                problems.append(f"{where}: expected seq {line} (a record was duplicated or inserted)")
-        expected_prev = records[line - 1].get("hash") if line else ""
-        if rec.get("prev") != expected_prev:
-            problems.append(
-                f"{where}: 'prev' is not the hash of the record before it (records were removed, inserted or reordered)"
-            )
-    return problems
+    chain = _Chain()
+    for rec in records:
+        chain.add(rec)
+    return chain.problems.listed
 
 
 # --- 2. bookkeeping ---------------------------------------------------------------------------
 
 
+class _Bookkeeping:
+    """The run header first, the clock never backwards, every epoch of a started trial, none counted twice.
+
+    Kept per trial: whether it started and, until its ``trial_end``, the epochs counted for it.
+    """
+
+    def __init__(self) -> None:
+        self.problems = _Problems()
+        self.first = True
+        self.broken = False  # the ledger does not begin with run_start: nothing else is checked
+        # started trial -> its epochs' (attempt, epoch), None once it ended
+        self.counted: dict[str, set[tuple[int, int]] | None] = {}
+        self.last_t: float = -math.inf
+
+    def add(self, rec: Record) -> None:
+        if self.first:
+            self.first = False
+            if not isinstance(rec, RunStartRecord):
+                self.broken = True
+                self.problems.add("the ledger does not begin with a run_start record")
+        if self.broken:
+            return
+        # Every record has a number 't' (its model requires one): only its order is left to check.
+        if rec.t < self.last_t:
+            self.problems.add(f"{describe(rec)}: t={rec.t} is earlier than the record before it ({self.last_t})")
+        else:
+            self.last_t = rec.t
+        if isinstance(rec, TrialStartRecord):
+            if self.counted.get(rec.trial) is None:
+                self.counted[rec.trial] = set()
+        elif isinstance(rec, EpochRecord):
+            if rec.trial not in self.counted:
+                self.problems.add(f"{describe(rec)}: an epoch of a trial that never started")
+                return
+            keys = self.counted[rec.trial]
+            if keys is None:
+                return  # an epoch after its trial's end: the consistency check names it
+            key = (rec.attempt, rec.epoch)
+            if key in keys:
+                self.problems.add(f"{describe(rec)}: this epoch of this attempt is counted twice")
+            keys.add(key)
+        elif isinstance(rec, TrialEndRecord) and rec.trial in self.counted:
+            self.counted[rec.trial] = None
+
+
 def check_bookkeeping(records: list[Record]) -> list[str]:
-    problems = []
     if not records or not isinstance(records[0], RunStartRecord):
         return ["the ledger does not begin with a run_start record"]
-    started: set[str] = set()
-    counted: set[tuple[str, int, int]] = set()
-    last_t: float = -math.inf
+    check = _Bookkeeping()
     for rec in records:
-        # Every record has a number 't' (its model requires one): only its order is left to check.
-        if rec.t < last_t:
-            problems.append(f"{describe(rec)}: t={rec.t} is earlier than the record before it ({last_t})")
-        else:
-            last_t = rec.t
-        if isinstance(rec, TrialStartRecord):
-            started.add(rec.trial)
-        elif isinstance(rec, EpochRecord):
-            if rec.trial not in started:
-                problems.append(f"{describe(rec)}: an epoch of a trial that never started")
-            key = (rec.trial, rec.attempt, rec.epoch)
-            if key in counted:
-                problems.append(f"{describe(rec)}: this epoch of this attempt is counted twice")
-            counted.add(key)
-    return problems
+        check.add(rec)
+    return check.problems.listed
 
 
 # --- 2b. consistency: what a forger who re-chains the hashes must still get right ------------
@@ -209,25 +288,44 @@ class _Check(Generic[RecordT]):
             self.check(record)
 
 
-class _Consistency:
-    """One pass over the ledger, in order; every check is something the recorded facts imply."""
+class _Trial:
+    """What the consistency check keeps of a trial while it runs (its latest trial_start, its epochs so far)."""
 
-    def __init__(self, start: RunStartRecord, rest: list[Record]) -> None:
+    __slots__ = ("attempt", "best", "done", "next_epoch", "planned", "requeued", "seq", "worker")
+
+    def __init__(self, rec: TrialStartRecord) -> None:
+        self.seq = rec.seq
+        self.attempt = rec.attempt
+        self.worker = rec.worker
+        self.planned = rec.hparams.epochs
+        self.requeued: int | None = None  # the attempt its last requeue announced
+        self.done = 0  # epochs completed (what trial_end.epochs must say)
+        self.best: float | None = None  # best val_acc of its epochs
+        self.next_epoch: int | None = None  # the epoch number its next epoch record must have
+
+
+class _Consistency:
+    """One pass over the ledger, in order; every check is something the recorded facts imply.
+
+    Records are given one at a time (:meth:`check`); what is kept grows with the trials that are
+    running and the workers, and with one number per trial that has ended (its ``trial_end``'s
+    seq), not with the records.
+    """
+
+    def __init__(self, start: RunStartRecord, rest: list[Record] | None = None) -> None:
         self.start = start
-        self.rest = rest
+        self.rest = rest or []
         self.train_size = start.dataset.train_images
         self.eval_size = start.dataset.eval_images
         self.simulated = start.plan.backend == "simulated"
-        self.problems: list[str] = []
-        self.current: dict[str, TrialStartRecord] = {}  # trial -> its latest trial_start
-        self.ended: dict[str, TrialEndRecord] = {}  # trial -> its trial_end
-        self.requeued: dict[str, int | None] = {}  # trial -> the attempt its last requeue announced
-        self.done: dict[str, int] = {}  # trial -> epochs completed (what trial_end.epochs must say)
-        self.best: dict[str, float] = {}  # trial -> best val_acc of its epochs
-        self.next_epoch: dict[str, int] = {}  # trial -> the epoch number its next epoch record must have
+        self.problems = _Problems()
+        self.wall_problem: str | None = None  # the clocks' disagreement, listed first (one is enough)
+        self.current: dict[str, _Trial] = {}  # running trial -> its latest trial_start (and after an end, a restart)
+        self.ended: dict[str, int] = {}  # trial -> the seq of its trial_end
         self.stopped: RunStopRecord | None = None  # the run_stop of the session, until a resume
         self.audited: AuditRecord | None = None  # the latest audit record (only audits may follow one)
         self.last_run_hash = start.hash  # the hash of the latest record that is not an audit
+        self.t0, self.wall0 = float(start.t), float(start.wall)
         # Each record type's check; UNCHECKED_TYPES lists the types deliberately without one.
         self.checks: dict[RecordType, Callable[[Record], None]] = {
             RecordType.RESUME: _Check(ResumeRecord, self._resume),
@@ -247,42 +345,51 @@ class _Consistency:
         self.worker_records: set[str] = set()
 
     def add(self, rec: Record, problem: str) -> None:
-        self.problems.append(f"{describe(rec)}: {problem}")
+        self.problems.add(f"{describe(rec)}: {problem}")
 
     def run(self) -> list[str]:
-        self._wall_clock()
         for rec in self.rest:
-            if rec.type == RecordType.AUDIT:
-                self.checks[RecordType.AUDIT](rec)
-                continue
-            if self.audited is not None:
-                self.add(rec, f"a run record after the audit record at seq {self.audited.seq} (only audits may follow)")
-                self.audited = None  # report the first such record only
-            if self.stopped is not None and not isinstance(rec, ResumeRecord):
-                self.add(rec, f"a record after the run_stop at seq {self.stopped.seq} (only a resume may follow)")
-                self.stopped = None  # report the first such record only
-            self.last_run_hash = rec.hash
-            # A record of a type this version does not know is a plain Record with a str type: no check.
-            check = self.checks.get(rec.type) if isinstance(rec.type, RecordType) else None
-            if check is not None:
-                check(rec)
-        return self.problems
+            self.check(rec)
+        return self.listed()
 
-    def _wall_clock(self) -> None:
+    def listed(self) -> list[str]:
+        """The first problems found (the clocks' disagreement first), up to ``MAX_LISTED``."""
+        wall = [self.wall_problem] if self.wall_problem else []
+        return (wall + self.problems.listed)[:MAX_LISTED]
+
+    @property
+    def count(self) -> int:
+        return self.problems.count + (1 if self.wall_problem else 0)
+
+    def check(self, rec: Record) -> None:
+        """Check one record after the run_start (in file order)."""
+        self._wall_clock(rec)
+        if rec.type == RecordType.AUDIT:
+            self.checks[RecordType.AUDIT](rec)
+            return
+        if self.audited is not None:
+            self.add(rec, f"a run record after the audit record at seq {self.audited.seq} (only audits may follow)")
+            self.audited = None  # report the first such record only
+        if self.stopped is not None and not isinstance(rec, ResumeRecord):
+            self.add(rec, f"a record after the run_stop at seq {self.stopped.seq} (only a resume may follow)")
+            self.stopped = None  # report the first such record only
+        self.last_run_hash = rec.hash
+        # A record of a type this version does not know is a plain Record with a str type: no check.
+        check = self.checks.get(rec.type) if isinstance(rec.type, RecordType) else None
+        if check is not None:
+            check(rec)
+
+    def _wall_clock(self, rec: Record) -> None:
         """``t`` and ``wall`` are both the master's clocks: they advance together (across a resume too,
         whose gap is counted in ``t``). A simulated run's ``t`` skips the waiting, so it is exempt."""
-        if self.simulated:
-            return
-        t0, wall0 = float(self.start.t), float(self.start.wall)
-        for rec in self.rest:
-            elapsed_t, elapsed_wall = float(rec.t) - t0, float(rec.wall) - wall0
-            if abs(elapsed_t - elapsed_wall) > WALL_REL_TOL * abs(elapsed_wall) + WALL_ABS_TOL_S:
-                self.add(
-                    rec,
-                    f"t says {elapsed_t:.1f} s since run_start but wall says {elapsed_wall:.1f} s "
-                    "(the master's two clocks disagree: t or wall was edited)",
-                )
-                return  # one is enough: every later record repeats it
+        if self.simulated or self.wall_problem is not None:
+            return  # one is enough: every later record repeats it
+        elapsed_t, elapsed_wall = float(rec.t) - self.t0, float(rec.wall) - self.wall0
+        if abs(elapsed_t - elapsed_wall) > WALL_REL_TOL * abs(elapsed_wall) + WALL_ABS_TOL_S:
+            self.wall_problem = (
+                f"{describe(rec)}: t says {elapsed_t:.1f} s since run_start but wall says {elapsed_wall:.1f} s "
+                "(the master's two clocks disagree: t or wall was edited)"
+            )
 
     def _audit(self, rec: AuditRecord) -> None:
         """An audit follows the run's completed end and names the record it audited (the run's last)."""
@@ -309,20 +416,25 @@ class _Consistency:
     def _trial_start(self, rec: TrialStartRecord) -> None:
         trial, attempt = rec.trial, rec.attempt
         if trial in self.ended:
-            self.add(rec, f"the trial already ended at seq {self.ended[trial].seq}")
+            self.add(rec, f"the trial already ended at seq {self.ended[trial]}")
         previous = self.current.get(trial)
+        requeued = previous.requeued if previous is not None else None
         if previous is not None and previous.attempt == attempt:
             self.add(rec, f"attempt {attempt} of this trial already started at seq {previous.seq}")
-        elif attempt and self.requeued.get(trial) != attempt:
+        elif attempt and requeued != attempt:
             self.add(rec, f"attempt {attempt} without a requeue record announcing it")
         elif not attempt and previous is not None:
             self.add(rec, f"the trial already started at seq {previous.seq}")
-        self.current[trial] = rec
         first = rec.start_epoch
-        if attempt and first != self.done.get(trial, 0):
-            self.add(rec, f"start_epoch {first} but the requeue kept {self.done.get(trial, 0)} epochs")
-        self.done[trial] = first
-        self.next_epoch[trial] = first + 1
+        done = previous.done if previous is not None else 0
+        if attempt and first != done:
+            self.add(rec, f"start_epoch {first} but the requeue kept {done} epochs")
+        state = _Trial(rec)
+        if previous is not None:
+            state.requeued, state.best = previous.requeued, previous.best
+        state.done = first
+        state.next_epoch = first + 1
+        self.current[trial] = state
 
     def _requeue(self, rec: RequeueRecord) -> None:
         trial = rec.trial
@@ -333,47 +445,51 @@ class _Consistency:
         if rec.attempt != start.attempt + 1:
             self.add(rec, f"attempt {rec.attempt} does not follow attempt {start.attempt}")
         kept = rec.from_epoch
-        if kept is not None and kept not in (0, self.done.get(trial, 0)):
-            self.add(rec, f"from_epoch {kept} but the trial had completed {self.done.get(trial, 0)} epochs")
-        self.requeued[trial] = rec.attempt
-        self.done[trial] = kept if kept is not None else 0
+        if kept is not None and kept not in (0, start.done):
+            self.add(rec, f"from_epoch {kept} but the trial had completed {start.done} epochs")
+        start.requeued = rec.attempt
+        start.done = kept if kept is not None else 0
 
     def _trial_end(self, rec: TrialEndRecord) -> None:
         trial = rec.trial
         if trial in self.ended:
-            self.add(rec, f"the trial already ended at seq {self.ended[trial].seq}")
+            self.add(rec, f"the trial already ended at seq {self.ended[trial]}")
             return
-        self.ended[trial] = rec
-        if trial not in self.current:
+        self.ended[trial] = rec.seq
+        start = self.current.pop(trial, None)  # an ended trial keeps only its end's seq
+        if start is None:
             return  # a trial that never started has nothing to be consistent with (bookkeeping names it)
         epochs = rec.epochs
-        if epochs is not None and epochs != self.done.get(trial, 0):
-            self.add(rec, f"epochs is {epochs} but the ledger records {self.done.get(trial, 0)} completed epochs")
+        if epochs is not None and epochs != start.done:
+            self.add(rec, f"epochs is {epochs} but the ledger records {start.done} completed epochs")
         best = _float(rec.best_val_acc)
-        if best is not None and not _close(best, self.best.get(trial)):
-            self.add(rec, f"best_val_acc is {best!r} but the trial's epochs give {self.best.get(trial)!r}")
+        if best is not None and not _close(best, start.best):
+            self.add(rec, f"best_val_acc is {best!r} but the trial's epochs give {start.best!r}")
 
     def _epoch(self, rec: EpochRecord) -> None:
         trial = rec.trial
         start = self.current.get(trial)
-        if start is None:
-            return  # bookkeeping reports an epoch of a trial that never started
         if trial in self.ended:
-            self.add(rec, f"an epoch after the trial ended at seq {self.ended[trial].seq}")
+            self.add(rec, f"an epoch after the trial ended at seq {self.ended[trial]}")
+        if start is None:
+            if trial in self.ended:  # its worker's time still counts
+                self._images(rec)
+                self._clock(rec)
+            return  # bookkeeping reports an epoch of a trial that never started
         if rec.attempt != start.attempt:
             self.add(rec, f"attempt {rec.attempt}, but the trial runs attempt {start.attempt}")
         if start.worker and rec.worker and rec.worker != start.worker:
             self.add(rec, f"trained on worker {_label(rec.worker)}, but the attempt started on {_label(start.worker)}")
         epoch = rec.epoch
-        if epoch != self.next_epoch.get(trial):
-            self.add(rec, f"epoch {epoch} where epoch {self.next_epoch.get(trial)} comes next")
-        planned = start.hparams.epochs
+        if epoch != start.next_epoch:
+            self.add(rec, f"epoch {epoch} where epoch {start.next_epoch} comes next")
+        planned = start.planned
         if planned is not None and epoch > planned:
             self.add(rec, f"epoch {epoch} of a trial planned for {planned} epochs")
-        self.next_epoch[trial] = epoch + 1
-        self.done[trial] = epoch
+        start.next_epoch = epoch + 1
+        start.done = epoch
         acc = float(rec.val_acc)
-        self.best[trial] = max(self.best.get(trial, acc), acc)
+        start.best = acc if start.best is None else max(start.best, acc)
         self._images(rec)
         self._clock(rec)
 
@@ -451,44 +567,80 @@ def _field_mismatch(rec: Record, name: str, recorded: object, recomputed: object
     return f"{describe(rec)}: {name} is {recorded!r} but the stored architecture gives {recomputed!r}"
 
 
-def check_flops(records: list[Record]) -> tuple[list[str], int]:
-    """Recount every trial's FLOPs and every epoch's operations; returns (problems, trials checked)."""
-    problems: list[str] = []
-    costs: dict[str, tuple[Graph, GraphCost]] = {}  # per trial, from its latest trial_start
-    cache: dict[str, tuple[Graph, GraphCost]] = {}  # per architecture document
-    for rec in records:
+FLOPS_CACHE = 4096  # architectures whose counts are kept: a trial's children and re-tunes share its graph
+
+
+class _Flops:
+    """Every trial's FLOPs recounted from its stored architecture, and every epoch's operations from them.
+
+    The counts of the last ``FLOPS_CACHE`` architectures are kept by content; a running trial
+    keeps its own (its latest trial_start's) until it ends.
+    """
+
+    def __init__(self) -> None:
+        self.problems = _Problems()
+        self.costs: dict[str, _FixedCounts] = {}  # running trial -> its latest trial_start's counts
+        # per architecture document: its graph and counts
+        self.cache: OrderedDict[bytes, tuple[Graph, GraphCost, _FixedCounts]] = OrderedDict()
+        self.trials = 0
+
+    def add(self, rec: Record) -> None:
         if isinstance(rec, TrialStartRecord):
             try:
-                key = json.dumps(rec.graph, sort_keys=True)
-                if key not in cache:
+                key = _graph_key(rec.graph)
+                found = self.cache.get(key)
+                if found is None:
                     graph = graph_from_dict(rec.graph)
-                    cache[key] = (graph, count_flops(graph))
-                graph, cost = cache[key]
+                    cost = count_flops(graph)
+                    found = self.cache[key] = (graph, cost, _FixedCounts(graph, cost))
+                    if len(self.cache) > FLOPS_CACHE:
+                        self.cache.popitem(last=False)
+                else:
+                    self.cache.move_to_end(key)
+                graph, cost, counts = found
             except (NasError, AiperfError, TypeError, ValueError) as exc:
-                problems.append(f"{describe(rec)}: the stored architecture is not readable ({exc})")
-                continue
-            costs[rec.trial] = (graph, cost)
-            problems.extend(_check_trial_start(rec, graph, cost))
-        elif isinstance(rec, EpochRecord) and rec.trial in costs:
-            problems.extend(_check_epoch(rec, *costs[rec.trial]))
-    return problems, len(costs)
+                self.problems.add(f"{describe(rec)}: the stored architecture is not readable ({exc})")
+                return
+            if rec.trial not in self.costs:
+                self.trials += 1
+            self.costs[rec.trial] = counts
+            self.problems.extend(_check_trial_start(rec, graph, counts))
+        elif isinstance(rec, EpochRecord):
+            counted = self.costs.get(rec.trial)
+            if counted is not None:
+                self.problems.extend(_check_epoch(rec, counted))
+        elif isinstance(rec, TrialEndRecord):
+            self.costs.pop(rec.trial, None)  # later epochs of it are an error the consistency check names
 
 
-def _check_trial_start(rec: TrialStartRecord, graph: Graph, cost: GraphCost) -> list[str]:
+def _graph_key(graph: object) -> bytes:
+    """A digest of an architecture document's content (its keys sorted), to cache its counts by."""
+    return hashlib.sha256(sorted_json(graph)).digest()
+
+
+def check_flops(records: list[Record]) -> tuple[list[str], int]:
+    """Recount every trial's FLOPs and every epoch's operations; returns (problems, trials checked)."""
+    flops = _Flops()
+    for rec in records:
+        flops.add(rec)
+    return flops.problems.listed, flops.trials
+
+
+def _check_trial_start(rec: TrialStartRecord, graph: Graph, counts: _FixedCounts) -> list[str]:
     # arch_id is a grouping label whose hash recipe may change between versions: not a claim checked here.
     problems = []
     if rec.params != graph.param_count:
         problems.append(_field_mismatch(rec, "params", rec.params, graph.param_count))
     flops = rec.flops
     expected: list[tuple[str, float | None, float]] = [
-        ("forward", flops.forward, cost.forward),
-        ("backward", flops.backward, cost.backward),
-        ("update_per_step", flops.update_per_step, cost.update_per_step),
-        ("eval_per_image", flops.eval_per_image, cost.eval_per_image),
+        ("forward", flops.forward, counts.forward),
+        ("backward", flops.backward, counts.backward),
+        ("update_per_step", flops.update_per_step, counts.update_per_step),
+        ("eval_per_image", flops.eval_per_image, counts.eval_per_image),
     ]
     batch = cast(int, rec.hparams.batch_size)  # a missing one is refused by train_per_image, by name
     try:
-        expected.append(("train_per_image", flops.train_per_image, cost.train_per_image(batch)))
+        expected.append(("train_per_image", flops.train_per_image, counts.train_per_image(batch)))
     except AiperfError as exc:
         problems.append(f"{describe(rec)}: hparams.batch_size: {exc}")
     for name, recorded, value in expected:
@@ -497,13 +649,49 @@ def _check_trial_start(rec: TrialStartRecord, graph: Graph, cost: GraphCost) -> 
     return problems
 
 
-def _check_epoch(rec: EpochRecord, graph: Graph, cost: GraphCost) -> list[str]:
+class _FixedCounts:
+    """An architecture's per-image counts as plain numbers: what ``GraphCost`` sums over its layers at each
+    access, and AIPerf's counts (``aiperf_compatible_per_image``), taken once (a long ledger has millions of
+    epochs of a few thousand architectures)."""
+
+    __slots__ = (
+        "aiperf_eval",
+        "aiperf_train",
+        "backward",
+        "cost",
+        "eval_per_image",
+        "forward",
+        "per_batch",
+        "update_per_step",
+    )
+
+    def __init__(self, graph: Graph, cost: GraphCost) -> None:
+        self.cost = cost
+        self.forward = cost.forward
+        self.backward = cost.backward
+        self.update_per_step = cost.update_per_step
+        self.eval_per_image = cost.eval_per_image
+        self.aiperf_eval, self.aiperf_train = aiperf_compatible_per_image(graph)
+        self.per_batch: dict[object, float] = {}
+
+    def train_per_image(self, batch_size: int) -> float:
+        """``GraphCost.train_per_image``, once per batch size (it refuses a batch size that is not one)."""
+        key = (type(batch_size), batch_size)
+        found = self.per_batch.get(key)
+        if found is None:
+            found = self.per_batch[key] = self.cost.train_per_image(batch_size)
+        return found
+
+
+def _check_epoch(rec: EpochRecord, counts: _FixedCounts) -> list[str]:
     # A missing count or batch size is refused by the counting functions themselves, by name.
     train_images, eval_images = cast(int, rec.train_images), cast(int, rec.eval_images)
     batch = cast(int, rec.batch_size)
     try:
-        train, evaluation = epoch_operations(cost, train_images, eval_images, batch)
-        aiperf = aiperf_compatible_operations(graph, train_images, eval_images)
+        train, evaluation = epoch_operations(cast(GraphCost, counts), train_images, eval_images, batch)
+        # aiperf_compatible_operations(graph, ...), its per-image counts taken once (epoch_operations has
+        # checked the image counts it checks).
+        aiperf = float(train_images * counts.aiperf_train + eval_images * counts.aiperf_eval)
     except (AiperfError, TypeError) as exc:
         return [f"{describe(rec)}: its image counts or batch size are unusable ({exc})"]
     problems = []
@@ -548,7 +736,7 @@ def _short(value: object) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
-def check_summary(run_dir: Path, records: list[Record]) -> tuple[list[str], dict[str, Any] | None]:
+def check_summary(run_dir: Path, records: list[Record] | RunDigest) -> tuple[list[str], dict[str, Any] | None]:
     """Recompute the summary and compare it with ``summary.json``; returns (problems, recomputed)."""
     path = run_dir / SUMMARY_NAME
     try:
@@ -564,7 +752,10 @@ def check_summary(run_dir: Path, records: list[Record]) -> tuple[list[str], dict
     except (ValueError, RecursionError):
         return [f"{path} is not valid JSON"], None
     try:
-        recomputed = build_summary(run_dir, records)
+        if isinstance(records, RunDigest):
+            recomputed = build_summary(run_dir, digest=records)
+        else:
+            recomputed = build_summary(run_dir, records)
     except AiperfError as exc:
         return [f"the summary cannot be recomputed from the ledger ({exc})"], None
     return diff(recorded, recomputed), recomputed
@@ -576,41 +767,70 @@ def check_summary(run_dir: Path, records: list[Record]) -> tuple[list[str], dict
 def verify_run(run_dir: str | Path) -> tuple[bool, str]:
     """Run every check; ``(True, "verified: ...")`` or ``(False, "verify failed: <first problem> ...")``.
 
-    Raises :class:`~aiperf.errors.AiperfError` when ``run_dir`` cannot be read as a run at all.
+    The ledger is read once, one line at a time, and every check runs on each record as it
+    comes: what verify keeps grows with the run's trials and workers, not with its records
+    (docs/ledger.md, "Reading a long ledger"). Raises :class:`~aiperf.errors.AiperfError` when
+    ``run_dir`` cannot be read as a run at all.
     """
     run_dir = Path(run_dir)
-    contents = read_ledger_contents(run_dir)
-    raw = contents.records
-    if not raw:
+    stream = LedgerStream(run_dir)
+    chain = _Chain()
+    shapes = _Problems()
+    bookkeeping = _Bookkeeping()
+    consistency: _Consistency | None = None
+    flops = _Flops()
+    digest = RunDigest(run_dir / LEDGER_NAME, reread=lambda: iter_ledger(run_dir))
+    epochs = 0
+    last: Record | None = None
+    for index, (line, raw) in enumerate(stream):
+        chain.add(raw, line)
+        if index == 0 and raw.get("type") != RecordType.RUN_START:
+            shapes.add("the ledger does not begin with a run_start record")
+        if shapes.count >= MAX_LISTED:
+            continue  # as many shape problems as a report lists: the chain is all that is left to check
+        parsed = checked_record(raw, index)
+        if isinstance(parsed, str):
+            shapes.add(parsed)
+            continue
+        if shapes.count:
+            continue  # the deeper checks compute with typed records: they run only while every shape is right
+        rec = last = parsed
+        if isinstance(rec, EpochRecord):
+            epochs += 1
+        bookkeeping.add(rec)
+        if consistency is None:
+            consistency = _Consistency(cast(RunStartRecord, rec))  # the first record: its shape was a run_start
+        else:
+            consistency.check(rec)
+        flops.add(rec)
+        digest.add(rec)
+    if stream.count == 0:
         raise AiperfError(f"{run_dir}: the ledger has no complete record")
     read_telemetry(run_dir)  # unreadable (a FIFO, a device) is unreadable input, not a failed check
-    problems = check_chain(raw)
-    shapes = shape_problems(raw)
-    problems += shapes
-    trials = 0
-    records: list[Record] = []
+    checks: list[_Problems] = [chain.problems, shapes]
     summary: dict[str, Any] | None = None
-    if not shapes:  # the deeper checks compute with the typed records the shapes guarantee
-        records = parse_records(raw, run_dir)  # cannot fail: shape_problems found nothing it would refuse
-        problems += check_bookkeeping(records)
-        problems += check_consistency(records)
-        flop_problems, trials = check_flops(records)
-        problems += flop_problems
-        summary_problems, summary = check_summary(run_dir, records)
-        problems += summary_problems
-    if problems:
+    if not shapes.count:
+        assert consistency is not None
+        deeper = _Problems()
+        deeper.listed, deeper.count = consistency.listed(), consistency.count
+        summary_problems, summary = check_summary(run_dir, digest)
+        summary_check = _Problems()
+        summary_check.extend(summary_problems)
+        checks += [bookkeeping.problems, deeper, flops.problems, summary_check]
+    total = sum(c.count for c in checks)
+    if total:
+        problems = [p for c in checks for p in c.listed][:MAX_LISTED]
         lines = [f"verify failed: {inert(problems[0])}"]
         lines += [f"  also: {inert(p)}" for p in problems[1:MAX_LISTED]]
-        if len(problems) > MAX_LISTED:
-            lines.append(f"  ... and {len(problems) - MAX_LISTED} more problems")
+        if total > MAX_LISTED:
+            lines.append(f"  ... and {total - MAX_LISTED} more problems")
         return False, "\n".join(lines)
-    assert summary is not None
-    epochs = len(of_type(records, EpochRecord))
+    assert summary is not None and last is not None
     score, verdict = summary["score"], summary["verdict"]
-    torn = contents.torn_note(run_dir / "ledger.jsonl")
+    torn = stream.torn_note(run_dir / "ledger.jsonl")
     return True, (
-        f"verified: run {inert(summary['run_id'])}: {len(records)} records, hash chain intact "
-        f"(last {records[-1].hash[:16]}); FLOPs of {trials} trials and operations of {epochs} epochs "
+        f"verified: run {inert(summary['run_id'])}: {stream.count} records, hash chain intact "
+        f"(last {last.hash[:16]}); FLOPs of {flops.trials} trials and operations of {epochs} epochs "
         f"recomputed; score {score['ops_human']} (regulated {score['regulated_human']}, "
         f"{format_ops(score['total_ops'], 'OP')} counted) and verdict '{inert(verdict['headline'])}' "
         f"match {SUMMARY_NAME}" + (f"\n  note: {inert(torn)}" if torn else "")

@@ -24,6 +24,7 @@ from typing import Any
 from aiperf.errors import AiperfError, excerpt, first_line, os_error
 from aiperf.metrics.score import format_ops
 from aiperf.record.files import write_atomic
+from aiperf.record.summary import MAX_SUMMARY_BYTES, SUMMARY_NAME
 from aiperf.submission.layout import (
     MAX_DESCRIPTION_BYTES,
     PACKAGE_JSON,
@@ -36,9 +37,7 @@ from aiperf.submission.layout import (
 from aiperf.submission.ranking import RANK_LABELS, Row, combine_runs, rank_rows
 
 MAX_PACKAGES = 10_000
-MAX_SUMMARY_BYTES = 32 * 2**20  # a summary.json: about 10 kB, 2 MB with 10,000 workers
 TEXT_CHARS = 36  # a string from a package in the plain table (the notes below it are whole)
-SUMMARY_NAME = "summary.json"
 
 Verdict = tuple[bool, str | None]  # accepted, first finding
 Checker = Callable[[Path], Verdict]

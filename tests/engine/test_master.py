@@ -31,6 +31,8 @@ def _run(
     seed=0,
     stop_at=None,
     queue_depth=2,
+    keep_weights=16,
+    masters=None,
 ):
     cfg = load_config("smoke", [f"run.seed={seed}"])
     proposer = make_search(cfg, zoo.small_resnet((8, 8, 1), 10, width=8), 64)
@@ -41,7 +43,9 @@ def _run(
     ledger = LedgerWriter(tmp_path)
     ledger.append(sim_run_start(cfg, pool))
     settings = MasterSettings(time_budget_s=budget, max_trials=max_trials, seed=seed)
-    master = Master(settings, proposer, pool, ledger, WeightStore(16), clock=clock)
+    master = Master(settings, proposer, pool, ledger, WeightStore(keep_weights), clock=clock)
+    if masters is not None:
+        masters.append(master)
     if stop_at is not None:
         original = pool.wait
 
@@ -250,3 +254,37 @@ def test_a_run_that_counted_no_epoch_fails_and_says_why(tmp_path):
     assert records[-1].type == "run_stop" and records[-1].status == "failed"
     outcome, _ = _run(tmp_path / "long", budget=30.0, epoch_s=5.0)
     assert outcome.status == "completed"
+
+
+def test_the_master_forgets_ended_trials_except_those_whose_weights_children_may_inherit(tmp_path):
+    masters = []
+    _, records = _run(tmp_path, workers=4, budget=400.0, epoch_s=2.0, keep_weights=3, masters=masters)
+    master = masters[0]
+    _check_consistent(records)
+    ended = {r.trial for r in records if r.type == "trial_end"}
+    assert len(ended) > 40
+    # What is left: the kept weights' trials (children may inherit them) and what was queued or
+    # running when the budget ran out (4 workers, 2 trials each, one held per worker at most).
+    assert {t for t in ended if t in master.weights} <= set(master.trials)
+    assert len(master.weights) == 3 and len(master.trials) <= 3 + 4 * 2 + 4
+    inheriting = [r for r in records if r.type == "trial_start" and r.inherit]
+    assert len(inheriting) > 10 and all(r.inherit in ended for r in inheriting)  # forgetting cost no inheritance
+
+
+def test_the_master_proposes_and_submits_only_on_durable_records(tmp_path):
+    """Group commit: event records are fsync'ed in groups, but always before the next submission."""
+    masters, checked = [], []
+    original = SimulatedWorkerPool.submit
+
+    def submit(self, *args, **kwargs):
+        master = masters[0]
+        checked.append(not master.ledger._unsynced)
+        return original(self, *args, **kwargs)
+
+    SimulatedWorkerPool.submit = submit
+    try:
+        _, records = _run(tmp_path, workers=4, budget=200.0, masters=masters)
+    finally:
+        SimulatedWorkerPool.submit = original
+    _check_consistent(records)
+    assert len(checked) > 20 and all(checked)

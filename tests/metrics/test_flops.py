@@ -402,3 +402,25 @@ def test_flops_command_reports_bad_files_in_one_line(tmp_path, capsys, content, 
     assert main(["flops", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and re.search(message, err), err
+
+
+def test_the_memo_gives_what_a_fresh_count_gives_whatever_the_dropout():
+    from aiperf.metrics.flops import FlopsMemo
+
+    def two_dropouts(first: float, second: float):
+        b = GraphBuilder((6, 6, 2))
+        x = b.add("conv", b.input, filters=4, kernel=3, padding="same", use_bias=True)
+        x = b.add("dropout", x, rate=first)
+        x = b.add("dense", b.add("gpool", x), units=5)
+        b.add("dense", b.add("dropout", x, rate=second), units=3)
+        return b.build()
+
+    memo = FlopsMemo(capacity=2)
+    plain = two_dropouts(0.0, 0.0)
+    cases = [plain, plain.with_dropout(0.3), plain.with_dropout(0.1), two_dropouts(0.0, 0.2), two_dropouts(0.2, 0.0)]
+    cases.append(zoo.small_resnet((16, 16, 3), 10))
+    for graph in cases * 2:  # the second round meets remembered, evicted and never-remembered counts
+        assert memo(graph) == count_flops(graph)
+    mixed = {memo(g).train_per_image(8) for g in cases[3:5]} | {memo(plain).train_per_image(8)}
+    assert len(mixed) == 3 and memo(plain.with_dropout(0.3)).train_per_image(8) > max(mixed)
+    assert len(memo._costs) <= 2

@@ -72,14 +72,16 @@ def _drive(search: AutoMLSearch, trials: int, workers: int = 4) -> list[tuple[fl
 @pytest.mark.parametrize("strategy", ["bayesian", "random"])
 def test_proposals_never_exceed_the_band_and_follow_it_once_running(strategy):
     schedule = SizeSchedule(START, 16 * START, 2.0)
-    settings = SearchSettings(strategy=strategy, seed=3, candidates=24, landmarks=8)
-    log = _drive(AutoMLSearch(settings, SEED, LIMITS, schedule), 90)
-    for progress, _, flops in log:
-        assert flops <= schedule.band(progress)[1] * (1 + 1e-9)
-    late = [(p, f) for p, kind, f in log if p >= 0.3]
-    inside = [f >= schedule.band(p)[0] for p, f in late]
-    assert sum(inside) >= 0.8 * len(late), "the search should keep up with the band"
-    assert any(kind == TrialKind.TUNE for p, kind, _ in log if p >= 0.3), "re-tuning goes on under the schedule"
+    shares = []
+    for seed in (3, 4, 5):  # one seed's 63 late proposals are too few to judge a share by
+        settings = SearchSettings(strategy=strategy, seed=seed, candidates=24, landmarks=8)
+        log = _drive(AutoMLSearch(settings, SEED, LIMITS, schedule), 90)
+        for progress, _, flops in log:
+            assert flops <= schedule.band(progress)[1] * (1 + 1e-9)
+        late = [(p, f) for p, kind, f in log if p >= 0.3]
+        shares.append(sum(f >= schedule.band(p)[0] for p, f in late) / len(late))
+        assert any(kind == TrialKind.TUNE for p, kind, _ in log if p >= 0.3), "re-tuning goes on under the schedule"
+    assert np.mean(shares) >= 0.8, f"the search should keep up with the band: {shares}"
 
 
 def test_seeds_train_similar_sizes_under_a_schedule():

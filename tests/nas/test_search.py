@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from collections import Counter
 
@@ -309,9 +310,11 @@ def _surrogate_objective(seed: int):
     return accuracy, limits
 
 
-def _best_found(strategy: str, seed: int, evaluations: int = 30) -> float:
+def _best_found(strategy: str, seed: int, evaluations: int = 30, batch: int = 1) -> float:
     accuracy, limits = _surrogate_objective(seed)
-    settings = SearchSettings(strategy=strategy, seed=seed, retune_fraction=0.0, candidates=24, landmarks=32)
+    settings = SearchSettings(
+        strategy=strategy, seed=seed, retune_fraction=0.0, candidates=24, landmarks=32, batch=batch
+    )
     search = make_proposer(settings, SEED, limits)
     best = 0.0
     for k in range(evaluations):
@@ -346,3 +349,83 @@ def test_a_failed_surrogate_fit_is_recorded_and_the_ask_still_gets_work(monkeypa
     assert proposal.kind == "arch" and proposal.inherit is not None
     assert "surrogate fit failed" in proposal.info["reason"] and "random morphs" in proposal.info["reason"]
     assert search.strategy.stats.failure_count == 1
+
+
+# --- batched proposals (search.batch) ------------------------------------------------------------
+
+
+def test_a_batch_of_architectures_is_new_distinct_within_the_limits_and_repeats_with_its_seed():
+    logs = [_run(make_proposer(_settings(seed=3, batch=6), SEED, LIMITS), 60, workers=8) for _ in range(2)]
+    assert [_signature(p) for _, p, *_ in logs[0]] == [_signature(p) for _, p, *_ in logs[1]]
+    seen: set[str] = set()
+    batched = 0
+    for _, proposal, _running, finished in logs[0]:
+        key = proposal.graph.key()
+        assert LIMITS.reason(proposal.graph) == ""
+        if proposal.kind == "arch":
+            assert key not in seen  # never a pending or trained architecture, even from an older batch
+            if proposal.inherit is not None:
+                assert proposal.inherit in finished  # inherits only what completed
+                batched += "batch" in proposal.info
+        seen.add(key)
+    assert batched >= 20  # the arch asks after start-up came from batches
+
+
+def test_one_fit_serves_a_whole_batch():
+    search = make_proposer(_settings(seed=1, retune_fraction=0.0, batch=8), SEED, LIMITS)
+    _run(search, 12, workers=1)
+    fits = search.strategy.stats.fits
+    proposals = [search.ask(f"b{k}") for k in range(8)]
+    assert search.strategy.stats.fits - fits <= 2  # one fit (plus the one that believes the last pending)
+    ranks = [p.info["batch"][0] for p in proposals]  # the rest of the last batch, then a new one
+    assert ranks.count(0) <= 1 and all(b == a + 1 for a, b in itertools.pairwise(ranks) if b != 0)
+    assert len({p.graph.key() for p in proposals}) == 8
+
+
+def test_a_batch_pick_is_not_a_near_copy_of_an_earlier_pick():
+    """GP-BUCB: after the best pick, its twin loses its uncertainty; a distant candidate wins."""
+    from nas.bayesian import BayesianMorphSearch, _Node
+    from nas.random_search import Origin
+
+    strategy = BayesianMorphSearch(SEED, LIMITS.admits, np.random.default_rng(0), ucb_beta=2.0)
+    graphs = [grow(SEED, np.random.default_rng(k), 2, 3, LIMITS.admits)[0] for k in range(3)]
+    origin = Origin(SEED.key(), SEED, 0.5, 3)
+    nodes = [_Node(g, (), origin, 0.0) for g in graphs]
+    strategy._pool = {n.graph.key(): n for n in nodes}
+    mean = np.array([0.0, 0.0, 0.0])
+    # Candidates 0 and 1 are almost the same point (correlation 0.999); 2 is independent and a bit less uncertain.
+    cov = np.array([[1.0, 0.999, 0.0], [0.999, 1.0, 0.0], [0.0, 0.0, 0.81]])
+    picks = strategy._pick_batch(nodes, mean, np.sqrt(np.diag(cov)), cov.copy(), 2, 1e-4)
+    assert [p[0] for p in picks] == [0, 2]
+    plain = strategy._pick_batch(nodes, mean, np.sqrt(np.diag(cov)), None, 2, 1e-4)  # no conditioning: top UCB twice
+    assert [p[0] for p in plain] == [0, 1]
+
+
+@pytest.mark.slow
+def test_batched_bayesian_search_still_beats_random_search_on_a_surrogate_objective():
+    seeds = range(10)
+    batched = np.mean([_best_found("bayesian", s, batch=4) for s in seeds])
+    random = np.mean([_best_found("random", s) for s in seeds])
+    assert batched > random + 0.02, (batched, random)
+
+
+def test_start_up_children_cost_about_one_graph_build_each(monkeypatch):
+    """A wave of start-up children (nothing completed yet) walks the seed's morph tree: no retry storms."""
+    import nas.startup
+
+    builds = 0
+    real = nas.startup.try_morph
+
+    def counted(*args, **kwargs):
+        nonlocal builds
+        builds += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(nas.startup, "try_morph", counted)
+    search = make_proposer(_settings(retune_fraction=0.0), SEED, LIMITS)
+    proposals = [search.ask(f"t{k}") for k in range(300)]
+    children = [p for p in proposals if p.kind == "arch"]
+    assert len(children) == 299 and len({p.graph.key() for p in proposals}) == 300
+    assert all(LIMITS.reason(p.graph) == "" and p.inherit is None for p in children)
+    assert builds <= 2 * len(children), builds
+    assert {len(p.morphs) for p in children} >= {1, 2}  # the one-morph neighbourhood, then further out

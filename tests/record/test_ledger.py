@@ -119,6 +119,37 @@ def test_a_batch_writes_each_record_at_once_and_fsyncs_once_at_its_end(tmp_path,
     assert [r.to_dict() for r in seen] == read_raw_ledger(tmp_path)
 
 
+def test_a_deferred_batch_is_synced_by_the_next_sync_or_once_it_is_old_enough(tmp_path, monkeypatch):
+    import aiperf.record.ledger as ledger_module
+
+    calls = []
+    monkeypatch.setattr(ledger_module.os, "fsync", lambda fd: calls.append(fd))
+    clock = [100.0]
+    monkeypatch.setattr(ledger_module.time, "monotonic", lambda: clock[0])
+    seen = []
+    led = LedgerWriter(tmp_path)
+    led.subscribe(seen.append)
+    with led.batch(durable=False):
+        led.append(Record(type="epoch", trial="t00000", epoch=1))
+    with led.batch(durable=False):
+        led.append(Record(type="epoch", trial="t00000", epoch=2))
+    assert calls == [] and seen == [] and len(read_raw_ledger(tmp_path)) == 2  # written, not yet durable
+    clock[0] += 0.5
+    led.sync_due(1.0)
+    assert calls == []  # the oldest is half a second old
+    clock[0] += 0.5
+    led.sync_due(1.0)
+    assert len(calls) == 1 and [r.epoch for r in seen] == [1, 2]
+    led.sync_due(0.0)
+    led.sync()
+    assert len(calls) == 1  # nothing new to sync
+    with led.batch(durable=False):
+        led.append(Record(type="epoch", trial="t00000", epoch=3))
+    led.sync()
+    assert len(calls) == 2 and [r.epoch for r in seen] == [1, 2, 3]
+    led.close()
+
+
 def test_a_batch_ended_by_an_error_still_syncs(tmp_path, monkeypatch):
     import aiperf.record.ledger as ledger_module
 

@@ -58,7 +58,46 @@ def test_every_line_has_mlperfs_prefix_and_field_order(sim_run):
         record = records[e["metadata"]["seq"]]
         eval_ms = round(1000 * record.eval_s) if e["key"] == "eval_start" else 0  # it began eval_s earlier
         assert e["time_ms"] == int(record.wall * 1000) - eval_ms
-        assert e["metadata"]["file"] == "aiperf/record/mllog.py"  # written by MLCommons' MLLogger
+        assert e["metadata"]["file"] == "aiperf/record/mllog.py"  # the caller MLLogger wrote when aiperf called it
+
+
+def test_every_line_is_what_mlcommons_logger_writes_for_its_event(sim_run):
+    """The lines are encoded here for speed; MLLogger itself must write the very same bytes."""
+    import logging
+
+    import numpy as np
+    from mlperf_logging.mllog.mllog import MLLogger
+
+    from aiperf.record.mllog import CALLER, encode_line
+
+    written: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            written.append(record.getMessage())
+
+    logger = logging.Logger("mllog-reference")
+    logger.addHandler(Collect())
+    reference = MLLogger(logger=logger, default_namespace="")
+    method = {"INTERVAL_START": reference.start, "INTERVAL_END": reference.end, "POINT_IN_TIME": reference.event}
+    events = _events((sim_run / MLLOG_NAME).read_text().splitlines())
+    events.append({"event_type": "POINT_IN_TIME", "key": "k", "value": np.float32(0.5), "time_ms": 1,
+                   "metadata": {**CALLER, "n": np.int64(3), "a": np.arange(2), "text": "é\u2028"}})  # fmt: skip
+    assert {e["event_type"] for e in events} == set(method)
+    for e in events:
+        metadata = {k: v for k, v in e["metadata"].items() if k not in CALLER}
+        written.clear()
+        # MLLogger adds its caller first and then the metadata given: giving the caller's fields
+        # would only make it warn about overridden fields, so they are compared after it.
+        method[e["event_type"]](key=e["key"], value=e["value"], metadata=metadata, time_ms=e["time_ms"])
+        (line,) = written
+        caller = json.loads(line[len(PREFIX) :])["metadata"]
+        expected = line.replace(json.dumps(caller), json.dumps({**CALLER, **metadata}, default=_numpy_plain))
+        assert encode_line(e["event_type"], e["key"], e["value"], metadata, e["time_ms"]) == expected
+
+
+def _numpy_plain(value):
+    return value.item() if hasattr(value, "item") and value.ndim == 0 else value.tolist()
 
 
 def test_the_log_written_during_the_run_is_the_log_of_the_ledger(sim_run):
