@@ -290,7 +290,9 @@ class ClusterConfig(_Section):
     )
     keep_weights: int = Field(64, ge=1, le=100_000, description="trained weight sets the master keeps for inheritance")
     max_trial_retries: int = Field(2, ge=0, le=100)
-    checkpoint_every_epoch: bool = Field(True, description="send weights to the master after every epoch")
+    checkpoint_every_epoch: bool = Field(
+        True, description="checkpoint after every epoch (kept on the trial's node; a re-queue resumes from it)"
+    )
     queue_depth: int = Field(2, ge=1, le=4, description="trials queued per worker (>1 hides the master round trip)")
     ceiling_s: float | Literal["auto"] = Field(
         "auto",

@@ -35,11 +35,37 @@ class EventKind(enum.StrEnum):
 
 
 @dataclass(kw_only=True, slots=True)
+class StoredWeights:
+    """A weight set left on the node that trained it: a reference the master hands on, not the arrays.
+
+    ``ref`` is a Ray object reference owned by the node's weight keeper (``owner`` says which
+    process: ``weight keeper``, or ``worker <id>`` when the keeper did not answer); the set lives as long
+    as that owner and anyone holding the reference. :mod:`aiperf.cluster.node_weights`.
+    """
+
+    ref: Any
+    node: str
+    owner: str
+    nbytes: int
+
+    def describe(self) -> str:
+        return f"{self.nbytes:,} bytes held by the {self.owner} on node {self.node[:16] or '(unknown)'}"
+
+
+@dataclass(kw_only=True, slots=True)
 class TrialStarted:
-    """The worker began the trial (its queue reached it)."""
+    """The worker began the trial (its queue reached it), and what it starts from.
+
+    ``weights_lost`` is empty unless weights the master sent could not be fetched (their node is
+    gone): then ``start_epoch`` and ``inherited`` say what the trial starts from instead. Both are
+    None from a worker that does not fetch (the trial starts as sent).
+    """
 
     kind: ClassVar[EventKind] = EventKind.START
     worker: str
+    start_epoch: int | None = None
+    inherited: bool | None = None
+    weights_lost: str = ""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -65,7 +91,7 @@ class EpochReport:
     missing_images: int = 0  # of skipped_images: files deleted since the run began
     oom_retries: int = 0
     idle_before_s: float | None = None  # first epoch of a trial: the worker's idle time before it
-    weights: Weights | None = None  # the checkpoint for a re-queue (None: not checkpointed, e.g. the last epoch)
+    weights: Weights | StoredWeights | None = None  # the checkpoint for a re-queue (None: not checkpointed)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -84,7 +110,7 @@ class TrialDone:
     """The trial completed: its trained weights and what its start-up cost."""
 
     kind: ClassVar[EventKind] = EventKind.DONE
-    weights: Weights
+    weights: Weights | StoredWeights
     startup_s: float | None = None  # build + compile + weight load
     first_step_s: float | None = None  # tracing/compilation plus one step
     compile_s: float | None = None  # tracing/compilation alone: first step and first evaluation beyond ordinary ones

@@ -31,7 +31,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from aiperf.cluster.messages import EventKind, TrialMessage
+from aiperf.cluster.messages import EventKind, StoredWeights, TrialMessage
+from aiperf.cluster.node_weights import WeightKeeper
 from aiperf.cluster.plan import Plan, Slot, make_plan
 from aiperf.cluster.ray_session import ControlPlaneWatch
 from aiperf.cluster.worker import LIVENESS_GROUP, RayTrialWorker, WorkerSettings
@@ -49,6 +50,7 @@ MAX_START_ATTEMPTS = 3
 PING_AFTER_S = 10.0  # a ready worker holding a trial that said nothing this long is asked whether it is alive
 UNRESPONSIVE_S = 60.0  # ... one that answered nothing this long is lost as unresponsive (its trial re-queued)
 FINAL_ANSWER_S = 5.0  # at the run's end, each worker holding a trial must answer within this
+KEEPER_THREADS = 4  # a node's weight keeper copies this many sets at once (its node's workers hand them in)
 
 
 @dataclass
@@ -225,6 +227,8 @@ class RayWorkerPool(WorkerPool):
         self._actor_cls = ray.remote(max_restarts=0, concurrency_groups={LIVENESS_GROUP: 1})(  # type: ignore[call-overload]
             RayTrialWorker
         )
+        self._keeper_cls = ray.remote(max_restarts=0)(WeightKeeper)
+        self._keepers: dict[str, Any] = {}  # node id -> its WeightKeeper (weights stay on their node)
         self._workers: dict[str, _Worker] = {}
         self._ids = itertools.count()
         self._resync_s = resync_s
@@ -268,10 +272,24 @@ class RayWorkerPool(WorkerPool):
                 num_gpus=slot.gpus,
                 name=None,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(slot.node_id, soft=False),
-            ).remote(worker_id, self._dataset_ref, self._settings.for_slot(slot))
+            ).remote(worker_id, self._dataset_ref, self._settings.for_slot(slot), self._keeper(slot.node_id))
             info_ref = actor.info.remote()
             self._workers[worker_id] = _Worker(worker_id, slot, actor, info_ref)
             self._refresh_free(self._workers[worker_id])
+
+    def _keeper(self, node_id: str) -> Any:
+        """The node's weight keeper, started with the node's first worker (no CPU, a few threads to copy sets)."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        keeper = self._keepers.get(node_id)
+        if keeper is None:
+            keeper = self._keeper_cls.options(
+                num_cpus=0,
+                max_concurrency=KEEPER_THREADS,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+            ).remote()
+            self._keepers[node_id] = keeper
+        return keeper
 
     def sync(self) -> list[PoolEvent]:
         """Start workers for capacity that appeared (new nodes, replaced processes)."""
@@ -289,6 +307,8 @@ class RayWorkerPool(WorkerPool):
         for w in self._workers.values():
             if w.alive and w.slot.node_id not in alive_nodes:
                 events.extend(self._lose(w, "its node left the cluster"))
+        for node_id in [n for n in self._keepers if n not in alive_nodes]:
+            del self._keepers[node_id]  # gone with its node (and the weight sets it held)
         have: dict[tuple[str, int], bool] = {
             (w.slot.node_id, w.slot.index): True for w in self._workers.values() if w.alive
         }
@@ -341,7 +361,10 @@ class RayWorkerPool(WorkerPool):
         self._free.update(w.worker_id, (not w.info, len(w.tasks)) if free else None)
 
     def put(self, value: Any) -> Any:
-        return self._ray.put(value) if value is not None else None
+        """Arrays held here go to the object store once; a set already on a node is handed on as its reference."""
+        if value is None or isinstance(value, StoredWeights):
+            return value
+        return self._ray.put(value)
 
     def submit(
         self,
@@ -578,6 +601,12 @@ class RayWorkerPool(WorkerPool):
                 ray.kill(w.actor, no_restart=True)
             except Exception as exc:
                 logger.debug("killing worker %s at the end: %s", w.worker_id, exc)
+        for keeper in self._keepers.values():  # the kept sets' files were collected before (WeightStore.finish)
+            try:
+                ray.kill(keeper, no_restart=True)
+            except Exception as exc:
+                logger.debug("killing a weight keeper at the end: %s", exc)
+        self._keepers.clear()
         if self._watch is not None:
             self._watch.stop()  # out of any call into Ray before Ray is shut down
         return stats

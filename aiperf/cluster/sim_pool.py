@@ -17,7 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiperf.cluster.messages import EpochReport, EventKind, TrialDone, TrialStarted
+from aiperf.cluster.messages import EpochReport, EventKind, StoredWeights, TrialDone, TrialStarted
+from aiperf.cluster.node_weights import WeightsLost, WeightSource, resolve_start
 from aiperf.cluster.plan import Plan, Slot
 from aiperf.cluster.pool import FreeWorkers, PoolEvent, WorkerPool
 from aiperf.training.trial import TrialSpec
@@ -57,6 +58,7 @@ class _SimTask:
     batch_size: int
     accuracies: tuple[float, ...]  # after epoch 1, 2, ..., epochs
     spec: TrialSpec | None = None  # kept only for a failure_fn
+    started: TrialStarted | None = None  # what it starts from, when weights live on nodes
     start: float = 0.0
     epochs_done: int = 0
     epoch_s: float = 0.0
@@ -98,8 +100,14 @@ class SimulatedWorkerPool(WorkerPool):
         failure_fn: Callable[[TrialSpec], str | None] | None = None,
         device_ops_per_s: float | None = None,
         fail_start: Callable[[str], str | None] | None = None,
+        weights_on_nodes: bool = False,
     ) -> None:
+        """``weights_on_nodes``: trials report their weights as references on their node, as Ray workers do
+        (:mod:`aiperf.cluster.node_weights`), and a node killed by :meth:`kill_node_at` takes its sets with it."""
         self.clock = clock
+        self.weights_on_nodes = weights_on_nodes
+        self._lost_nodes: set[str] = set()
+        self._node_kills: dict[str, float] = {}
         self.epoch_s = epoch_s
         self.device_ops_per_s = device_ops_per_s
         self.startup_s = startup_s
@@ -150,14 +158,35 @@ class SimulatedWorkerPool(WorkerPool):
         self._kills.append((t, worker))
         self._kills.sort()
 
+    def kill_node_at(self, node: str, t: float) -> None:
+        """Make every worker of ``node`` die at simulated time ``t``, and the weights the node held with them."""
+        self._node_kills[node] = t
+        for w in self._workers.values():
+            if w.node == node:
+                self.kill_worker_at(w.worker_id, t)
+
     # -- WorkerPool ------------------------------------------------------------------------------
     def sync(self) -> list[PoolEvent]:
         events = []
         now = self.clock()
         while self._kills and self._kills[0][0] <= now:
             _, wid = self._kills.pop(0)
+            node = self._workers[wid].node
+            if self._node_kills.get(node, now + 1) <= now:
+                self._lost_nodes.add(node)
             events.extend(self._kill(wid))
         return events
+
+    def _weights(self, w: _SimWorker) -> dict | StoredWeights:
+        """What a trial on ``w`` reports as its weights: nothing to hold, or a reference on its node."""
+        return StoredWeights(ref=None, node=w.node, owner="weight keeper", nbytes=0) if self.weights_on_nodes else {}
+
+    def _fetch(self, source: WeightSource, timeout: float = 0.0) -> Any:
+        if isinstance(source, StoredWeights):
+            if source.node in self._lost_nodes:
+                raise WeightsLost(f"{source.describe()}: the node is gone")
+            return {}
+        return source
 
     def _kill(self, wid: str, why: str = "simulated worker death", kind: EventKind = EventKind.LOST) -> list[PoolEvent]:
         w = self._workers[wid]
@@ -199,6 +228,16 @@ class SimulatedWorkerPool(WorkerPool):
     ) -> None:
         w = self._workers[worker]
         trial_spec = TrialSpec.from_dict(spec)
+        started = None
+        if self.weights_on_nodes:
+            start = resolve_start(trial_spec, parent_weights, resume_weights, self._fetch)
+            trial_spec = start.spec
+            started = TrialStarted(
+                worker=worker,
+                start_epoch=trial_spec.start_epoch,
+                inherited=start.inherited,
+                weights_lost=start.fallback,
+            )
         task = _SimTask(
             trial,
             attempt,
@@ -207,6 +246,7 @@ class SimulatedWorkerPool(WorkerPool):
             int(trial_spec.hparams["batch_size"]),
             tuple(float(self.accuracy_fn(trial_spec, e)) for e in range(1, trial_spec.epochs + 1)),
             trial_spec if self.failure_fn is not None else None,
+            started,
         )
         now = self.clock()
         task.start = max(now, w.free_at)
@@ -260,7 +300,7 @@ class SimulatedWorkerPool(WorkerPool):
             if not w.alive or task not in w.queue:
                 continue
             if kind == "start":
-                started = TrialStarted(worker=wid)
+                started = task.started or TrialStarted(worker=wid)
                 events.append(PoolEvent(EventKind.START, wid, task.trial, task.attempt, report=started, started=True))
             elif kind == "epoch" and task.spec is not None and self.failure_fn and self.failure_fn(task.spec):
                 w.queue.remove(task)  # the trial raised during training: the worker itself survives
@@ -305,7 +345,7 @@ class SimulatedWorkerPool(WorkerPool):
                             batch_size=task.batch_size,
                             precision="float32",
                             oom_retries=0,
-                            weights={},
+                            weights=self._weights(w),
                             idle_before_s=idle,
                         ),
                     )
@@ -322,7 +362,7 @@ class SimulatedWorkerPool(WorkerPool):
                         task.attempt,
                         started=True,
                         report=TrialDone(
-                            weights={},
+                            weights=self._weights(w),
                             startup_s=self.startup_s,
                             first_step_s=None,
                             best_val_acc=best,

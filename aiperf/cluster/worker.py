@@ -4,6 +4,7 @@ The framework import, the device set-up and the dataset happen once, in ``__init
 every trial after that only builds and trains a model, so no trial pays a process start.
 A worker of a streamed dataset also checks there that it can read the files (a node that
 does not see the dataset fails here, once, with its name, rather than in every trial).
+Weights travel as references to the node that holds them (:mod:`aiperf.cluster.node_weights`).
 The worker measures its own busy time (inside training and evaluation steps) and the
 gaps between trials, which the master records per worker. As a Ray actor it is wrapped in
 :class:`RayTrialWorker`, which also answers the master's "are you alive?" while a trial trains.
@@ -22,8 +23,9 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from aiperf.cluster.messages import BadImagesReport, EpochReport, TrialDone, TrialMessage, TrialStarted
+from aiperf.cluster.node_weights import WeightSource, resolve_start, store_on_node
 from aiperf.datasets.base import Dataset
-from aiperf.training.trial import TrialSpec, Weights
+from aiperf.training.trial import TrialSpec
 
 if TYPE_CHECKING:
     from aiperf.cluster.plan import Slot
@@ -149,9 +151,13 @@ class TrialWorker:
         }
 
     def run_trial(
-        self, spec: dict[str, Any], parent_weights: Weights | None = None, resume_weights: Weights | None = None
+        self, spec: dict[str, Any], parent_weights: WeightSource = None, resume_weights: WeightSource = None
     ) -> Generator[TrialMessage, None, None]:
         """Train one trial; yields a start marker, one report per epoch, then the final weights.
+
+        Weights the master sent as references are fetched first, from the node that holds them;
+        what could not be fetched is named in the start marker, and the trial starts from what
+        could (:func:`~aiperf.cluster.node_weights.resolve_start`).
 
         The first epoch report carries ``idle_before_s``: the time between this worker's
         previous training/eval step and this trial's first step (build, compile, weight
@@ -160,9 +166,17 @@ class TrialWorker:
         here they become the typed messages the master reads, and an item the messages do not
         describe is an error rather than a field silently dropped.
         """
-        yield TrialStarted(worker=self.worker_id)
+        start = resolve_start(TrialSpec.from_dict(spec), parent_weights, resume_weights)
+        if start.fallback:
+            logger.warning(f"worker {self.worker_id}, trial {start.spec.trial_id}: {start.fallback}")
+        yield TrialStarted(
+            worker=self.worker_id,
+            start_epoch=start.spec.start_epoch,
+            inherited=start.inherited,
+            weights_lost=start.fallback,
+        )
         first = True
-        for item in self.runner.run(TrialSpec.from_dict(spec), parent_weights, resume_weights):
+        for item in self.runner.run(start.spec, start.parent, start.resume):
             kind = item.pop("type")
             if kind == "epoch":
                 begin, end = item.pop("window")
@@ -213,10 +227,12 @@ class RayTrialWorker:
     they did without the group. A start-up that failed fails every later call the same way.
     """
 
-    def __init__(self, worker_id: str, dataset: Dataset, settings: WorkerSettings) -> None:
+    def __init__(self, worker_id: str, dataset: Dataset, settings: WorkerSettings, keeper: Any = None) -> None:
         self._args: tuple[str, Dataset, WorkerSettings] | None = (worker_id, dataset, settings)
         self._worker: TrialWorker | None = None
         self._failed: Exception | None = None
+        self._keeper = keeper  # the node's WeightKeeper: the weights this worker produces stay on its node
+        self._node = ""
 
     def _built(self) -> TrialWorker:
         if self._worker is not None:
@@ -235,9 +251,16 @@ class RayTrialWorker:
         return self._built().info()
 
     def run_trial(
-        self, spec: dict[str, Any], parent_weights: Weights | None = None, resume_weights: Weights | None = None
+        self, spec: dict[str, Any], parent_weights: WeightSource = None, resume_weights: WeightSource = None
     ) -> Generator[TrialMessage, None, None]:
-        yield from self._built().run_trial(spec, parent_weights, resume_weights)
+        """The trial's messages, each weight set in them left on this node (the master gets a reference)."""
+        worker = self._built()
+        for message in worker.run_trial(spec, parent_weights, resume_weights):
+            if isinstance(message, (EpochReport, TrialDone)) and isinstance(message.weights, dict):
+                if not self._node:
+                    self._node = worker.info()["node"]
+                message.weights = store_on_node(message.weights, self._keeper, self._node, worker.worker_id)
+            yield message
 
     def stats(self) -> dict[str, Any]:
         return self._built().stats()

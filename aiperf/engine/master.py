@@ -30,11 +30,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from aiperf.cluster.messages import BadImagesReport, EpochReport, EventKind, TrialDone
+from aiperf.cluster.messages import BadImagesReport, EpochReport, EventKind, StoredWeights, TrialDone, TrialStarted
 from aiperf.cluster.pool import FINAL_ANSWER_S, PoolEvent, WorkerPool
 from aiperf.datasets.bad_images import over_limit, skipped_note, too_many_bad_images
 from aiperf.engine.progress import Progress
-from aiperf.engine.weights import WeightStore
+from aiperf.engine.weights import SavedFile, WeightStore
 from aiperf.metrics.flops import GraphCost, aiperf_compatible_operations, count_flops_memo, epoch_operations
 from aiperf.record.ledger import LedgerWriter
 from aiperf.record.schema import (
@@ -70,6 +70,8 @@ BUDGET_GRACE_S = 15.0
 # The longest a written ledger record waits for its fsync (group commit; docs/ledger.md): a machine
 # crash can lose at most this much of records nothing was yet decided on. A killed process loses none.
 MAX_UNSYNCED_S = 1.0
+# The most the run's end waits for the kept weight sets still being collected from their nodes.
+COLLECT_AT_END_S = 120.0
 
 
 @dataclass
@@ -83,12 +85,13 @@ class TrialState:
     graph: Graph  # the architecture as trained: the proposal's with the trial's dropout rate applied
     attempt: int = 0
     epochs_done: int = 0
-    checkpoint: Weights | None = None  # weights after the last completed epoch (for a re-queue)
+    checkpoint: Weights | StoredWeights | None = None  # weights after the last completed epoch (for a re-queue)
     started: bool = False  # the current attempt has begun on its worker
     recorded: bool = False  # a trial_start is in the ledger, so the trial must get a trial_end
     worker: str | None = None
     best: float | None = None
     inherit: str | None = None  # the trial whose weights it actually starts from
+    sent_parent: str | None = None  # the kept trial whose weights the current attempt was sent (it may not get them)
     compile_key: str = ""  # what a worker must have compiled to train it without compiling again
 
 
@@ -305,15 +308,23 @@ class Master:
         return state
 
     def _spec(self, state: TrialState) -> tuple[dict[str, Any], Any, Any]:
+        """The spec of the next attempt and the weights it is sent: its checkpoint, and its parent's.
+
+        A re-queued attempt is sent its parent's weights beside its checkpoint (when the parent is
+        still kept): should the checkpoint be gone with its node, the worker starts the attempt
+        again from the parent rather than from nothing (:mod:`aiperf.cluster.node_weights`).
+        """
         p = state.proposal
         parent_ref = resume_ref = None
-        inherit = None
         if state.checkpoint is not None:
             resume_ref = self.pool.put(state.checkpoint)
-        elif p.inherit is not None and p.inherit in self.weights and p.inherit in self.trials:
-            parent_ref = self.weights.shared(p.inherit, self.pool.put)
-            inherit = p.inherit
+        inherit = (
+            p.inherit if p.inherit is not None and p.inherit in self.weights and p.inherit in self.trials else None
+        )
+        if inherit is not None:
+            parent_ref = self.weights.shared(inherit, self.pool.put)
         parent_graph = graph_to_dict(self.trials[inherit].graph) if inherit else None
+        state.sent_parent = inherit
         state.inherit = inherit if state.checkpoint is None else state.inherit
         spec = TrialSpec(
             trial_id=state.trial_id,
@@ -504,6 +515,7 @@ class Master:
         state.started = True
         state.recorded = True
         info = self.pool.worker_info(ev.worker)
+        lost = self._weights_lost(state, ev.report) if isinstance(ev.report, TrialStarted) else ""
         p = state.proposal
         batch = int(p.hparams["batch_size"])
         again = f", attempt {state.attempt} from epoch {state.epochs_done}" if state.attempt else ""
@@ -533,9 +545,24 @@ class Master:
                 attempt=state.attempt,
                 start_epoch=state.epochs_done if state.checkpoint is not None else 0,
                 seed=state.seed,  # the trial's training seed: `aiperf audit --retrain` trains it again
+                weights_lost=lost or None,
                 info=p.info,
             )
         )
+
+    def _weights_lost(self, state: TrialState, started: TrialStarted) -> str:
+        """Take in what the attempt starts from when weights it was sent could not be fetched; why, or ""."""
+        if not started.weights_lost:
+            return ""
+        logger.warning(f"trial {state.trial_id}: {started.weights_lost}")
+        if started.start_epoch == 0 and state.checkpoint is not None:
+            state.checkpoint = None  # gone with its node: the attempt starts again from epoch 0
+            state.epochs_done = 0
+        if not started.inherited and state.checkpoint is None:
+            if state.sent_parent is not None:
+                self.weights.lost(state.sent_parent)  # later children get its file, or nothing
+            state.inherit = None
+        return started.weights_lost
 
     def _on_epoch(self, ev: PoolEvent) -> None:
         state = self.active.get(ev.trial) if ev.trial is not None else None
@@ -600,19 +627,8 @@ class Master:
             batch_size=d.batch_size,
             requested_batch_size=d.requested_batch_size,
         )
-        saved = self.weights.saved(state.trial_id) if self.weights.put(state.trial_id, d.weights, best) else None
-        if saved is not None:  # the file's hash, for `aiperf audit`: these are the weights after the last epoch
-            self.ledger.append(
-                WeightsRecord(
-                    t=now,
-                    trial=state.trial_id,
-                    attempt=state.attempt,
-                    epoch=state.epochs_done,
-                    file=saved.file,
-                    sha256=saved.sha256,
-                    bytes=saved.size,
-                )
-            )
+        self.weights.put(state.trial_id, d.weights, best)
+        self._record_saved(self.weights.drain_saved(), now)
         self.completed += 1
         self._forget_ended(state.trial_id)
         done = f"{state.epochs_done} epoch(s), best val_acc {best:.4f}"
@@ -659,6 +675,28 @@ class Master:
         if self.progress is not None:
             self.progress.trial_failed(state.trial_id, ev.error)
         self._note_failure(ev.worker, ev.error)
+
+    def _record_saved(self, saved: list[tuple[str, SavedFile]], now: float) -> None:
+        """A ``weights`` record per kept set whose file was written: its hash, for `aiperf audit`.
+
+        These are each trial's weights after its last epoch; on a Ray cluster the file is collected
+        from the trial's node a little after the trial ended (:class:`~aiperf.engine.weights.WeightStore`).
+        """
+        for trial, file in saved:
+            state = self.trials.get(trial)
+            if state is None:
+                continue
+            self.ledger.append(
+                WeightsRecord(
+                    t=now,
+                    trial=trial,
+                    attempt=state.attempt,
+                    epoch=state.epochs_done,
+                    file=file.file,
+                    sha256=file.sha256,
+                    bytes=file.size,
+                )
+            )
 
     def _forget_ended(self, trial_id: str) -> None:
         """Drop an ended trial's state unless children may still inherit its weights (its graph is needed).
@@ -807,6 +845,8 @@ class Master:
             self.proposer.forget(state.trial_id)
         self.active.clear()
         self.retry_queue.clear()
+        # The kept sets' files are collected from their nodes before the workers and keepers go.
+        self._record_saved(self.weights.finish(COLLECT_AT_END_S), self.clock())
         final = self.pool.retire_all()
         for worker, stats in final.items():
             self.worker_stats[worker] = stats

@@ -3,7 +3,9 @@
 Only the best ``capacity`` trials are kept (children are proposed from good parents);
 each kept set is also written to the run directory so ``--resume`` can still hand them to
 children after a master restart. Weights reach workers through the pool (Ray's object
-store), never through a shared filesystem.
+store), never through a shared filesystem; on a Ray cluster they stay on the node that trained
+them and the store holds references, collecting only the kept sets' files (docs/cluster.md,
+"Weights stay on their nodes").
 
 The files are a convenience for ``--resume`` and the evidence ``aiperf audit`` re-evaluates:
 each file's SHA-256 and size are known the moment it is written (:meth:`WeightStore.saved`),
@@ -28,6 +30,7 @@ import math
 import os
 import stat
 import zipfile
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,6 +38,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from aiperf.archives import open_zip
+from aiperf.cluster.messages import StoredWeights
+from aiperf.cluster.node_weights import WeightsLost, fetch_weights
 from aiperf.errors import AiperfError, excerpt, first_line, os_error
 from aiperf.record.files import write_atomic
 
@@ -254,7 +259,15 @@ def load_weights(path: Path, graph: Graph | None = None, name: str | None = None
 
 
 class WeightStore:
-    """The best trials' weights, in memory and on disk; lookups by trial id."""
+    """The best trials' weights (or references to them on their nodes) and their files; lookups by trial id.
+
+    A kept set that arrives as arrays (an in-process pool, a ``--resume`` reload) is written at
+    once. One that arrives as a :class:`~aiperf.cluster.messages.StoredWeights` reference stays on
+    its node for children to fetch; its file is *collected* on a thread of the store's own: fetched
+    from the node and written while the master goes on. :meth:`drain_saved` gives the files
+    written since its last call (the master records each in the ledger) and :meth:`finish` waits
+    for the collections still running at the run's end, before the workers and keepers go.
+    """
 
     def __init__(self, capacity: int, directory: str | Path | None = None) -> None:
         self.capacity = capacity
@@ -265,11 +278,14 @@ class WeightStore:
             except OSError as exc:
                 raise os_error(exc, self.directory, "create the weights folder") from None
         self._warned: set[Any] = set()
-        self._weights: dict[str, Weights] = {}
+        self._weights: dict[str, Weights | StoredWeights] = {}
         self._score: dict[str, float] = {}
         self._refs: dict[str, Any] = {}
         self._saved: dict[str, SavedFile] = {}
         self._evicted: list[str] = []  # since the last drain_evicted()
+        self._written: list[str] = []  # files written since the last drain_saved()
+        self._collecting: dict[str, Future[SavedFile | None]] = {}
+        self._collector: ThreadPoolExecutor | None = None
 
     def __contains__(self, trial: str) -> bool:
         return trial in self._weights
@@ -277,7 +293,7 @@ class WeightStore:
     def __len__(self) -> int:
         return len(self._weights)
 
-    def put(self, trial: str, weights: Weights, score: float) -> bool:
+    def put(self, trial: str, weights: Weights | StoredWeights, score: float) -> bool:
         """Keep ``weights`` if they rank among the best; returns whether they were kept."""
         if len(self._weights) >= self.capacity:
             worst = min(self._score, key=lambda t: (self._score[t], t))
@@ -286,17 +302,70 @@ class WeightStore:
             self._evict(worst)
         self._weights[trial] = weights
         self._score[trial] = score
-        if self.directory:
-            path = self.directory / f"{trial}.npz"
-            try:
-                digest, size = save_weights(weights, path)
-                self._saved[trial] = SavedFile(f"{self.directory.name}/{path.name}", digest, size)
-            except OSError as exc:
-                if exc.errno not in self._warned:
-                    self._warned.add(exc.errno)
-                    note = "kept in memory; a --resume retrains children without them"
-                    logger.warning(str(os_error(exc, path, "save weights to", then=note)))
+        if not self.directory:
+            return True
+        if isinstance(weights, StoredWeights):
+            if self._collector is None:
+                self._collector = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aiperf-weights")
+            self._collecting[trial] = self._collector.submit(self._collect, trial, weights)
+        else:
+            saved = self._write(trial, weights)
+            if saved is not None:
+                self._saved[trial] = saved
+                self._written.append(trial)
         return True
+
+    def _write(self, trial: str, weights: Weights) -> SavedFile | None:
+        """Write ``trial``'s file; None (warned once per cause) when the disk refuses."""
+        assert self.directory is not None
+        path = self.directory / f"{trial}.npz"
+        try:
+            digest, size = save_weights(weights, path)
+        except OSError as exc:
+            if exc.errno not in self._warned:
+                self._warned.add(exc.errno)
+                note = "kept in memory or on its node; a --resume retrains children without them"
+                logger.warning(str(os_error(exc, path, "save weights to", then=note)))
+            return None
+        return SavedFile(f"{self.directory.name}/{path.name}", digest, size)
+
+    def _collect(self, trial: str, stored: StoredWeights) -> SavedFile | None:
+        """On the collector's thread: fetch a kept set from its node and write its file."""
+        try:
+            weights = fetch_weights(stored)
+        except WeightsLost as exc:
+            logger.warning(f"the kept weights of {trial} could not be collected for its file ({exc}): not audited")
+            return None
+        return self._write(trial, weights) if weights is not None else None
+
+    def drain_saved(self) -> list[tuple[str, SavedFile]]:
+        """The files written since the last call, each with its trial (still kept): for the ledger."""
+        for trial in [t for t, f in self._collecting.items() if f.done()]:
+            saved = self._collecting.pop(trial).result()
+            if saved is None:
+                continue
+            if trial in self._weights:
+                self._saved[trial] = saved
+                self._written.append(trial)
+            elif self.directory:  # dropped for a better set while its file was written
+                with contextlib.suppress(OSError):
+                    (self.directory / f"{trial}.npz").unlink(missing_ok=True)
+        written, self._written = self._written, []
+        return [(t, self._saved[t]) for t in written if t in self._saved]
+
+    def finish(self, wait_s: float) -> list[tuple[str, SavedFile]]:
+        """At the run's end: wait up to ``wait_s`` for the collections still running; :meth:`drain_saved` after."""
+        if self._collecting:
+            wait(list(self._collecting.values()), timeout=wait_s)
+            late = [t for t, f in self._collecting.items() if not f.done()]
+            if late:
+                logger.warning(f"the files of {len(late)} kept weight set(s) were not collected within {wait_s:g} s")
+                for trial in late:
+                    self._collecting.pop(trial).cancel()
+        if self._collector is not None:
+            self._collector.shutdown(wait=False, cancel_futures=True)
+            self._collector = None
+        return self.drain_saved()
 
     def drain_evicted(self) -> list[str]:
         """The trials whose weights were dropped since the last call (their graphs are no longer needed)."""
@@ -309,23 +378,50 @@ class WeightStore:
         self._score.pop(trial, None)
         self._refs.pop(trial, None)
         self._saved.pop(trial, None)
+        pending = self._collecting.get(trial)
+        if pending is not None and pending.cancel():
+            del self._collecting[trial]
         if self.directory:
             with contextlib.suppress(OSError):
                 (self.directory / f"{trial}.npz").unlink(missing_ok=True)
 
+    def lost(self, trial: str) -> None:
+        """A child could not fetch ``trial``'s set from its node: children now get its file, or nothing.
+
+        With the file collected, the set is read back from it (and handed out through the pool
+        from then on); without one, the trial is dropped as if evicted, so no further child waits
+        for weights that are gone.
+        """
+        held = self._weights.get(trial)
+        if not isinstance(held, StoredWeights):
+            return
+        saved = self._saved.get(trial)
+        if saved is not None and self.directory is not None:
+            try:
+                self._weights[trial] = load_weights(self.directory / f"{trial}.npz")
+                self._refs.pop(trial, None)
+                logger.warning(f"the weights of {trial} are gone with their node: children inherit its collected file")
+                return
+            except (OSError, WeightsFileError) as exc:
+                logger.warning(f"the weights of {trial} are gone with their node and its file: {first_line(exc, 160)}")
+        self._evict(trial)
+
     def saved(self, trial: str) -> SavedFile | None:
-        """The file this store wrote for ``trial`` in this session (None: not kept, not written, or evicted)."""
+        """The file this store wrote for ``trial`` in this session (None: not kept, not written yet, or evicted)."""
         return self._saved.get(trial)
 
     def get(self, trial: str) -> Weights | None:
-        return self._weights.get(trial)
+        """The arrays of a kept set held in this process (None: not kept, or left on its node)."""
+        held = self._weights.get(trial)
+        return None if isinstance(held, StoredWeights) else held
 
     def shared(self, trial: str, put: Any) -> Any:
-        """A handle to hand to workers (e.g. a Ray object ref), created once per trial."""
-        if trial not in self._weights:
-            return None
+        """A handle to hand to workers: a set's reference on its node, or one ``put`` of arrays held here."""
+        held = self._weights.get(trial)
+        if held is None or isinstance(held, StoredWeights):
+            return held
         if trial not in self._refs:
-            self._refs[trial] = put(self._weights[trial])
+            self._refs[trial] = put(held)
         return self._refs[trial]
 
     def reload(self, scores: dict[str, float]) -> list[str]:

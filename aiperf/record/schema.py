@@ -428,6 +428,7 @@ class TrialStartRecord(Record):
     attempt: Count = 0
     start_epoch: Count = 0
     seed: Annotated[int, Field(ge=-MAX_COUNT, le=MAX_COUNT)] | None = None  # training seed (`aiperf audit --retrain`)
+    weights_lost: str | None = None  # weights sent that could not be fetched (their node is gone): what it started from
     info: dict[str, Any] = {}
 
 
@@ -718,6 +719,7 @@ _FAST_RULES: dict[str, dict[str, _Rule]] = {
         "attempt": _COUNT,
         "start_epoch": _COUNT,
         "seed": _ranged(_INT, -MAX_COUNT, MAX_COUNT, True),
+        "weights_lost": _OPT_STR,
         "info": _DICT,
     },
 }

@@ -427,7 +427,8 @@ class _Consistency:
             self.add(rec, f"the trial already started at seq {previous.seq}")
         first = rec.start_epoch
         done = previous.done if previous is not None else 0
-        if attempt and first != done:
+        if attempt and first != done and not (first == 0 and rec.weights_lost):
+            # A checkpoint gone with its node (weights_lost says so) restarts the attempt at epoch 0.
             self.add(rec, f"start_epoch {first} but the requeue kept {done} epochs")
         state = _Trial(rec)
         if previous is not None:

@@ -116,9 +116,9 @@ def _records(results: Path) -> list[dict]:
 def _check_ledger_consistent(records: list[dict]) -> None:
     started = {r["trial"] for r in records if r["type"] == "trial_start"}
     ended = Counter(r["trial"] for r in records if r["type"] == "trial_end")
-    epochs = [(r["trial"], r["epoch"]) for r in records if r["type"] == "epoch"]
+    epochs = [(r["trial"], r["attempt"], r["epoch"]) for r in records if r["type"] == "epoch"]
     assert len(epochs) == len(set(epochs)), "an epoch was counted twice"
-    assert all(t in started for t, _ in epochs), "an epoch of a trial that never started"
+    assert all(t in started for t, _, _ in epochs), "an epoch of a trial that never started"
     assert set(ended) == started and set(ended.values()) == {1}, "every started trial ends exactly once"
     for prev, rec in itertools.pairwise(records):
         assert rec["prev"] == prev["hash"] and rec["seq"] == prev["seq"] + 1, "the hash chain is broken"
@@ -193,10 +193,18 @@ def test_node_death_requeues_its_trial_and_late_nodes_are_used(cluster, tmp_path
         retry = [r for r in starts if r["attempt"] == rq["attempt"]]
         end = next(r for r in records if r["type"] == "trial_end" and r["trial"] == trial)
         if retry:
-            assert retry[0]["node"] != doomed and retry[0]["start_epoch"] == rq["from_epoch"]
+            # Its checkpoint stayed on the dead node (weights stay where they were trained): the next
+            # attempt says it was lost and starts again at epoch 0, from the trial's parent if it had one.
+            assert retry[0]["node"] != doomed and retry[0]["start_epoch"] == 0
+            if rq["from_epoch"]:
+                assert "the checkpoint of epoch" in retry[0]["weights_lost"]
             assert end["status"] in ("completed", "stopped")
         else:  # the run ended before a worker was free for it
             assert end["status"] == "stopped"
+    for start in [r for r in records if r["type"] == "trial_start" and r.get("weights_lost")]:
+        assert start["start_epoch"] == 0  # whatever was lost, the attempt starts over
+        if "fresh initialisation" in start["weights_lost"]:
+            assert start["inherit"] is None
     killed_at = min(r["t"] for r in requeues)
     assert not [r for r in records if r["type"] == "epoch" and r["node"] == doomed and r["t"] > killed_at]
     lost = [r for r in records if r["type"] == "worker" and r["node"] == doomed]

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from helpers import sim_run_start
 
+from aiperf.cluster.messages import StoredWeights
 from aiperf.cluster.sim_pool import HybridClock, SimulatedWorkerPool
 from aiperf.config import load_config
 from aiperf.engine.master import Master, MasterSettings
@@ -17,6 +18,7 @@ from aiperf.metrics.score import compute_score
 from aiperf.record.ledger import LedgerWriter, read_ledger
 from aiperf.record.schema import Record
 from aiperf.record.summary import summarize
+from aiperf.record.verify import check_consistency
 from nas import zoo
 
 
@@ -33,13 +35,25 @@ def _run(
     queue_depth=2,
     keep_weights=16,
     masters=None,
+    node_kills=(),
+    weights_on_nodes=False,
 ):
     cfg = load_config("smoke", [f"run.seed={seed}"])
     proposer = make_search(cfg, zoo.small_resnet((8, 8, 1), 10, width=8), 64)
     clock = HybridClock()
-    pool = SimulatedWorkerPool(workers, clock, nodes=2, epoch_s=epoch_s, failure_fn=failure_fn, queue_depth=queue_depth)
+    pool = SimulatedWorkerPool(
+        workers,
+        clock,
+        nodes=2,
+        epoch_s=epoch_s,
+        failure_fn=failure_fn,
+        queue_depth=queue_depth,
+        weights_on_nodes=weights_on_nodes,
+    )
     for worker, at in kills:
         pool.kill_worker_at(worker, at)
+    for node, at in node_kills:
+        pool.kill_node_at(node, at)
     ledger = LedgerWriter(tmp_path)
     ledger.append(sim_run_start(cfg, pool))
     settings = MasterSettings(time_budget_s=budget, max_trials=max_trials, seed=seed)
@@ -123,6 +137,33 @@ def test_worker_death_requeues_from_the_last_completed_epoch(tmp_path):
     assert lost and "death" in lost[0].retired
     # The dead worker gets no more work.
     assert not [r for r in records if r.type == "trial_start" and r.worker == "w00001" and r.t > 12.0]
+
+
+def test_weights_left_on_a_node_that_dies_make_its_trials_start_over_and_its_children_start_fresh(tmp_path):
+    masters = []
+    _, records = _run(
+        tmp_path, workers=4, budget=160.0, node_kills=[("sim-node-1", 17.0)], weights_on_nodes=True, masters=masters
+    )
+    assert check_consistency(records) == []  # `aiperf verify`'s rules, a restart from epoch 0 included
+    assert all(isinstance(w, StoredWeights) for w in masters[0].weights._weights.values()), "references only"
+    starts = [r for r in records if r.type == "trial_start"]
+    dead = {r.trial for r in starts if r.node == "sim-node-1" and r.t < 17.0}
+    requeues = [r for r in records if r.type == "requeue" and r.trial in dead]
+    assert requeues and any(r.from_epoch > 0 for r in requeues)
+    for rq in requeues:  # the checkpoint was on the dead node: the next attempt says so and starts at epoch 0
+        again = next(r for r in starts if r.trial == rq.trial and r.attempt == rq.attempt)
+        assert again.start_epoch == 0 and again.node == "sim-node-0"
+        if rq.from_epoch:
+            assert "the checkpoint of epoch" in again.weights_lost
+        epochs = [r.epoch for r in records if r.type == "epoch" and r.trial == rq.trial and r.attempt == rq.attempt]
+        assert epochs == list(range(1, len(epochs) + 1))
+    # Children of parents that completed on the dead node train from scratch, and the parent is dropped.
+    orphans = [r for r in starts if r.weights_lost and "parent's weights" in r.weights_lost]
+    assert orphans and all(r.inherit is None for r in orphans)
+    lost_parents = {r.parent for r in orphans if r.kind == "arch"}
+    after = min(r.t for r in orphans)
+    assert not [r for r in starts if r.t > after and r.inherit in lost_parents]
+    assert [r for r in starts if r.t > after and r.inherit], "inheritance goes on"
 
 
 def test_a_trial_requeued_just_before_the_end_is_still_closed(tmp_path):

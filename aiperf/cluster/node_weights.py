@@ -1,0 +1,138 @@
+"""Weights stay on the node that trained them; the master holds references (docs/cluster.md, "Weights").
+
+At 65,536 workers, shipping every trial's weights (and every epoch's checkpoint) to the master
+would put one weight set per running trial in one process and hundreds of sets a second through
+it. Instead a worker hands each set it produces to its node's :class:`WeightKeeper`, a small
+long-lived actor (no CPU, no GPU) that puts it in the node's object store and so *owns* it: the
+set outlives the worker process that trained it (a crashed or killed worker), not the node. The
+worker's message carries a :class:`~aiperf.cluster.messages.StoredWeights` -- the reference, the
+node and the size -- and the master passes that on to a child or a re-queued attempt, whose worker
+fetches the arrays from the node that has them.
+
+When the set cannot be fetched (its node or keeper is gone), the worker falls back rather than
+fail the trial (:func:`resolve_start`): a re-queued attempt whose checkpoint is lost starts again
+from epoch 0, from its parent's weights when those can be had; a child whose parent is lost
+trains from a fresh initialisation. What happened is in the ``TrialStarted`` message and so in
+the ledger's ``trial_start`` record (``weights_lost``, ``inherit``, ``start_epoch``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from aiperf.cluster.messages import StoredWeights
+from aiperf.errors import first_line
+from aiperf.training.trial import TrialSpec, Weights
+
+logger = logging.getLogger(__name__)
+
+# How long a worker waits for a weight set from another node before it falls back (a lost owner
+# answers at once; this bounds a node that is unreachable but not yet declared dead).
+FETCH_TIMEOUT_S = 120.0
+
+WeightSource = Weights | StoredWeights | None
+
+
+class WeightKeeper:
+    """One per node (the pool starts it beside the node's workers): owns the node's weight sets.
+
+    Ray frees an object when its owner's process ends, and the process that calls ``ray.put``
+    owns what it puts; a set put by the keeper therefore lives as long as this actor and anyone
+    holding its reference (the master), whatever happens to the worker that trained it.
+    """
+
+    def keep(self, weights: Weights) -> list[Any]:
+        """Put ``weights`` in this node's object store; the reference comes back in a list, unresolved."""
+        import ray
+
+        return [ray.put(weights)]
+
+    def alive(self) -> bool:
+        return True
+
+
+def weights_nbytes(weights: Weights) -> int:
+    """The array bytes of a weight set."""
+    return sum(int(a.nbytes) for arrays in weights.values() for a in arrays)
+
+
+def store_on_node(weights: Weights, keeper: Any, node: str, worker: str) -> StoredWeights:
+    """Hand ``weights`` to the node's keeper (or, when it does not answer, keep them in this worker's process)."""
+    import ray
+
+    nbytes = weights_nbytes(weights)
+    if keeper is not None:
+        try:
+            [ref] = ray.get(keeper.keep.remote(weights), timeout=FETCH_TIMEOUT_S)
+            return StoredWeights(ref=ref, node=node, owner="weight keeper", nbytes=nbytes)
+        except Exception as exc:  # the keeper died (its process, not the node): this worker owns the set
+            logger.warning(f"worker {worker}: the node's weight keeper did not answer ({first_line(exc, 160)})")
+    return StoredWeights(ref=ray.put(weights), node=node, owner=f"worker {worker}", nbytes=nbytes)
+
+
+class WeightsLost(Exception):
+    """A stored weight set that cannot be fetched (its node or owner is gone)."""
+
+
+def fetch_weights(source: WeightSource, timeout: float = FETCH_TIMEOUT_S) -> Weights | None:
+    """The arrays of ``source``: as they are, or fetched from the node that holds them."""
+    if not isinstance(source, StoredWeights):
+        return source
+    import ray
+
+    try:
+        return ray.get(source.ref, timeout=timeout)
+    except Exception as exc:  # OwnerDiedError, ObjectLostError, GetTimeoutError, ...
+        raise WeightsLost(f"{source.describe()}: {type(exc).__name__}") from None
+
+
+@dataclass(frozen=True)
+class StartWeights:
+    """What a trial actually starts from after fetching: the spec to train and the arrays, and why it fell back."""
+
+    spec: TrialSpec
+    parent: Weights | None
+    resume: Weights | None
+    fallback: str = ""  # empty when everything sent could be fetched
+
+    @property
+    def inherited(self) -> bool:
+        return self.resume is None and self.parent is not None
+
+
+def resolve_start(
+    spec: TrialSpec,
+    parent: WeightSource,
+    resume: WeightSource,
+    fetch: Callable[[WeightSource], Weights | None] = fetch_weights,
+) -> StartWeights:
+    """Fetch a trial's starting weights, falling back as the module docstring says.
+
+    A lost checkpoint makes the attempt start at epoch 0 (from its parent's weights when the
+    spec names a parent and they can be had); a lost parent makes the child start from a fresh
+    initialisation. The parent is fetched only when it is needed. ``fetch`` raises
+    :class:`WeightsLost` for a set that is gone (the simulated pool passes its own).
+    """
+    lost: list[str] = []
+    if resume is not None:
+        try:
+            return StartWeights(spec, None, fetch(resume))
+        except WeightsLost as exc:
+            lost.append(f"the checkpoint of epoch {spec.start_epoch} ({exc})")
+            spec = replace(spec, start_epoch=0)
+    parent_weights = None
+    if parent is not None:
+        try:
+            parent_weights = fetch(parent)
+        except WeightsLost as exc:
+            lost.append(f"the parent's weights ({exc})")
+    if parent_weights is None and spec.parent_graph is not None:
+        spec = replace(spec, parent_graph=None, morphs=[])
+    fallback = ""
+    if lost:
+        then = "inherits its parent's weights" if parent_weights is not None else "trains from a fresh initialisation"
+        fallback = f"lost {' and '.join(lost)}: starts at epoch {spec.start_epoch} and {then}"
+    return StartWeights(spec, parent_weights, None, fallback)
