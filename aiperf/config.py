@@ -280,6 +280,11 @@ class ClusterConfig(_Section):
     address: str | None = Field(None, description="Ray cluster to join; default: RAY_ADDRESS or a new local one")
     placement: Literal["per_accelerator", "per_node", "fractional"] = "per_accelerator"
     trials_per_accelerator: int = Field(2, ge=1, le=64, description="fractional placement: trials sharing a GPU")
+    actors: Literal["per_worker", "per_node"] = Field(
+        "per_worker",
+        description="Ray actors: one per worker, or one node agent per node running its workers as processes"
+        " (a 10,000-node run then needs 10,000 actors; docs/cluster.md)",
+    )
     cpus_per_trial: int | Literal["auto"] = "auto"
     max_concurrent_trials: int | None = Field(None, ge=1, le=MAX_WORKERS)
     max_nodes: int | None = Field(

@@ -6,7 +6,7 @@
 # timeout so one slow step cannot take the others' results; what each wrote lands in $OUT.
 #
 #   device run, carry [".whl/site312.tar.xz"]:  bash benchmarks/gpu_batch.sh [STEP...]
-#   steps: busy peak throughput first_step (default: all four, in that order)
+#   steps: busy peak throughput first_step agents (default: all five, in that order)
 set -u
 OUT=${OUT:-/tmp/gpu-batch-out}
 mkdir -p "$OUT"
@@ -14,7 +14,7 @@ exec > >(tee "$OUT/log.txt") 2>&1
 tar -C /tmp -xJf .whl/site312.tar.xz || exit 1
 export PYTHONPATH=/tmp/site312:.:benchmarks KERAS_BACKEND=jax PYTHONUNBUFFERED=1
 nvidia-smi -L
-steps=" ${*:-busy peak throughput first_step} "
+steps=" ${*:-busy peak throughput first_step agents} "
 python3 -c "import jax, keras, ray, optuna; print('jax', jax.__version__, jax.devices(), 'keras', keras.__version__, 'ray', ray.__version__)"
 
 if [[ $steps == *" busy "* ]]; then
@@ -37,5 +37,13 @@ fi
 if [[ $steps == *" first_step "* ]]; then
 echo "== a re-tune's first step, ResNet-50 224x224 b128"
 timeout 150 python3 benchmarks/first_step.py --backend jax --arch resnet50 --image 224 --batch 128 --steps 4 --reps 1 --json "$OUT/first_step.json"
+fi
+if [[ $steps == *" agents "* ]]; then
+echo "== one node agent per node (cluster.actors=per_node): synthetic, 90 s, its worker a process on the GPU"
+timeout 240 python3 -m aiperf.cli run --config synthetic --set cluster.actors=per_node --set model.backend=jax \
+    --set run.time_budget_s=90 --set run.results_dir=/tmp/agents
+run=$(ls -d /tmp/agents/*/ 2>/dev/null | head -1)
+for f in ledger.jsonl summary.json; do [ -f "$run/$f" ] && cp "$run/$f" "$OUT/agents-$f"; done
+[ -n "$run" ] && timeout 120 python3 -m aiperf.cli verify "$run"
 fi
 echo "== done"

@@ -45,7 +45,18 @@ def test_warnings_always_show_and_engine_detail_only_with_v(terminal, capsys):
     assert capsys.readouterr().err.endswith("DEBUG aiperf.engine.master: an epoch\n")
 
 
-def test_a_run_sends_warnings_through_its_own_stream_even_without_the_cli(capsys):
+@pytest.fixture
+def no_terminal():
+    """No CLI handler on the aiperf loggers (a test run in-process before may have configured one); restored after."""
+    saved = {name: list(logging.getLogger(name).handlers) for name in ("aiperf", "nas")}
+    for name in saved:
+        logging.getLogger(name).handlers.clear()
+    yield
+    for name, handlers in saved.items():
+        logging.getLogger(name).handlers[:] = handlers
+
+
+def test_a_run_sends_warnings_through_its_own_stream_even_without_the_cli(capsys, no_terminal):
     class Stream:
         def __init__(self):
             self.lines = []

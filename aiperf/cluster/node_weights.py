@@ -32,6 +32,10 @@ logger = logging.getLogger(__name__)
 # How long a worker waits for a weight set from another node before it falls back (a lost owner
 # answers at once; this bounds a node that is unreachable but not yet declared dead).
 FETCH_TIMEOUT_S = 120.0
+# How long a worker waits for its node's keeper to take a set before it keeps the set itself (and
+# stops asking): a trial's epoch must not wait on a keeper that cannot be reached, e.g. while Ray's
+# control plane is frozen and the keeper's address was never looked up.
+KEEP_TIMEOUT_S = 10.0
 
 WeightSource = Weights | StoredWeights | None
 
@@ -54,19 +58,33 @@ class WeightKeeper:
         return True
 
 
+def reach_keeper(keeper: Any) -> bool:
+    """Ask the keeper once at a worker's start, so its address is known before any trial (False: unreachable)."""
+    import ray
+
+    try:
+        return bool(ray.get(keeper.alive.remote(), timeout=KEEP_TIMEOUT_S))
+    except Exception as exc:
+        logger.warning(f"the node's weight keeper did not answer at start ({first_line(exc, 160)})")
+        return False
+
+
 def weights_nbytes(weights: Weights) -> int:
     """The array bytes of a weight set."""
     return sum(int(a.nbytes) for arrays in weights.values() for a in arrays)
 
 
 def store_on_node(weights: Weights, keeper: Any, node: str, worker: str) -> StoredWeights:
-    """Hand ``weights`` to the node's keeper (or, when it does not answer, keep them in this worker's process)."""
+    """Hand ``weights`` to the node's keeper (or, when it does not answer, keep them in this worker's process).
+
+    The returned set's ``owner`` says which: a caller whose keeper did not answer stops asking it.
+    """
     import ray
 
     nbytes = weights_nbytes(weights)
     if keeper is not None:
         try:
-            [ref] = ray.get(keeper.keep.remote(weights), timeout=FETCH_TIMEOUT_S)
+            [ref] = ray.get(keeper.keep.remote(weights), timeout=KEEP_TIMEOUT_S)
             return StoredWeights(ref=ref, node=node, owner="weight keeper", nbytes=nbytes)
         except Exception as exc:  # the keeper died (its process, not the node): this worker owns the set
             logger.warning(f"worker {worker}: the node's weight keeper did not answer ({first_line(exc, 160)})")

@@ -56,6 +56,7 @@ class Plan:
     threads_per_trial: int
     nodes: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # why some capacity is unused or shared
+    actors: str = "per_worker"  # cluster.actors: one Ray actor per worker, or one node agent per node
 
     @property
     def concurrency(self) -> int:
@@ -201,6 +202,7 @@ def make_plan(nodes: list[NodeInfo], cfg: Config) -> Plan:
     threads = max(1, int(min((s.cpus for s in slots), default=1)))
     return Plan(
         placement=cfg.cluster.placement if has_gpu else "per_cpu_slot",
+        actors=cfg.cluster.actors,
         slots=slots,
         batch_size=min(int(batch), cfg.train.max_batch_size),
         backend=cfg.model.backend,

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from aiperf.cluster.messages import EventKind, StoredWeights, TrialMessage
+from aiperf.cluster.node_agent import NodeAgent, SlotLost
 from aiperf.cluster.node_weights import WeightKeeper
 from aiperf.cluster.plan import Plan, Slot, make_plan
 from aiperf.cluster.ray_session import ControlPlaneWatch
@@ -50,6 +51,7 @@ MAX_START_ATTEMPTS = 3
 PING_AFTER_S = 10.0  # a ready worker holding a trial that said nothing this long is asked whether it is alive
 UNRESPONSIVE_S = 60.0  # ... one that answered nothing this long is lost as unresponsive (its trial re-queued)
 FINAL_ANSWER_S = 5.0  # at the run's end, each worker holding a trial must answer within this
+AGENT_SPARE_THREADS = 4  # a node agent's threads beyond two per slot (a trial and a question each)
 KEEPER_THREADS = 4  # a node's weight keeper copies this many sets at once (its node's workers hand them in)
 
 
@@ -183,17 +185,49 @@ class _Task:
     started: bool = False
 
 
+@dataclass(eq=False)
+class _Agent:
+    """A node agent (``cluster.actors: per_node``): one actor holding the resources of the slots it was made for."""
+
+    actor: Any
+    node_id: str
+    keys: frozenset[int]  # the slot indexes it has room for
+    alive: bool = True
+
+
+@dataclass
+class _AgentSlot:
+    """How the pool reaches a worker that is a slot of a node agent."""
+
+    agent: _Agent
+    key: int
+
+    def run(self, spec: dict[str, Any], parent: Any, resume: Any) -> Any:
+        return self.agent.actor.run_trial.remote(self.key, spec, parent, resume)
+
+    def alive(self) -> Any:
+        return self.agent.actor.alive.remote(self.key)
+
+    def stats(self) -> Any:
+        return self.agent.actor.stats.remote(self.key)
+
+    def stop(self) -> None:
+        if self.agent.alive:
+            self.agent.actor.stop.remote(self.key)  # not waited for: the agent stops the process on a thread of its own
+
+
 @dataclass
 class _Worker:
     worker_id: str
     slot: Slot
-    actor: Any
+    actor: Any  # the worker's actor, or its node agent's
     info_ref: Any
     info: dict[str, Any] = field(default_factory=dict)
     tasks: list[_Task] = field(default_factory=list)
     alive: bool = True
     heard: float = field(default_factory=time.monotonic)  # when it last said anything (a message, an answer)
     ping: Any = None  # the liveness question it has not answered yet
+    agent: _AgentSlot | None = None  # set when the worker is a slot of a node agent
 
 
 class RayWorkerPool(WorkerPool):
@@ -213,8 +247,13 @@ class RayWorkerPool(WorkerPool):
         queue_depth: int,
         max_workers: int | None = None,
         resync_s: float = 10.0,
+        per_node: bool = False,
     ) -> None:
-        """Start a worker for every slot of ``plan``; ``replan`` sizes the cluster again when nodes come and go."""
+        """Start a worker for every slot of ``plan``; ``replan`` sizes the cluster again when nodes come and go.
+
+        ``per_node``: one node agent per node runs that node's workers (:mod:`aiperf.cluster.node_agent`)
+        instead of one actor per worker.
+        """
         import ray
 
         self._ray = ray
@@ -227,6 +266,9 @@ class RayWorkerPool(WorkerPool):
         self._actor_cls = ray.remote(max_restarts=0, concurrency_groups={LIVENESS_GROUP: 1})(  # type: ignore[call-overload]
             RayTrialWorker
         )
+        self._per_node = per_node
+        self._agents: list[_Agent] = []
+        self._agent_cls = ray.remote(max_restarts=0)(NodeAgent)
         self._keeper_cls = ray.remote(max_restarts=0)(WeightKeeper)
         self._keepers: dict[str, Any] = {}  # node id -> its WeightKeeper (weights stay on their node)
         self._workers: dict[str, _Worker] = {}
@@ -254,6 +296,7 @@ class RayWorkerPool(WorkerPool):
             replan=functools.partial(make_plan, cfg=cfg),
             queue_depth=cfg.cluster.queue_depth,
             max_workers=cfg.cluster.max_concurrent_trials,
+            per_node=cfg.cluster.actors == "per_node",
         )
 
     @property
@@ -263,6 +306,9 @@ class RayWorkerPool(WorkerPool):
     def _start_workers(self, slots: list[Slot]) -> None:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+        if self._per_node:
+            self._start_on_agents(slots)
+            return
         for slot in slots:
             worker_id = f"w{next(self._ids):04d}"
             key = (slot.node_id, slot.index)
@@ -276,6 +322,43 @@ class RayWorkerPool(WorkerPool):
             info_ref = actor.info.remote()
             self._workers[worker_id] = _Worker(worker_id, slot, actor, info_ref)
             self._refresh_free(self._workers[worker_id])
+
+    def _start_on_agents(self, slots: list[Slot]) -> None:
+        """Start ``slots``' workers as slots of node agents: a live agent made for the slot, else a new one per node.
+
+        A new agent holds the summed resources of the node's new slots; a lost slot starts again on
+        its agent (its resources are still the agent's), and a dead agent's slots get a new agent.
+        """
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        fresh: dict[str, list[Slot]] = {}
+        placed: list[tuple[Slot, _Agent]] = []
+        for slot in slots:
+            agent = next(
+                (a for a in self._agents if a.alive and a.node_id == slot.node_id and slot.index in a.keys), None
+            )
+            if agent is None:
+                fresh.setdefault(slot.node_id, []).append(slot)
+            else:
+                placed.append((slot, agent))
+        for node_id, group in fresh.items():
+            actor = self._agent_cls.options(
+                num_cpus=sum(s.cpus for s in group),
+                num_gpus=sum(s.gpus for s in group),
+                max_concurrency=2 * len(group) + AGENT_SPARE_THREADS,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+            ).remote({s.index: s.gpus for s in group})
+            agent = _Agent(actor, node_id, frozenset(s.index for s in group))
+            self._agents.append(agent)
+            placed.extend((s, agent) for s in group)
+        for slot, agent in placed:
+            worker_id = f"w{next(self._ids):04d}"
+            key = (slot.node_id, slot.index)
+            self._start_attempts[key] = self._start_attempts.get(key, 0) + 1
+            info_ref = agent.actor.start.remote(slot.index, worker_id, self._dataset_ref, self._settings.for_slot(slot))
+            w = _Worker(worker_id, slot, agent.actor, info_ref, agent=_AgentSlot(agent, slot.index))
+            self._workers[worker_id] = w
+            self._refresh_free(w)
 
     def _keeper(self, node_id: str) -> Any:
         """The node's weight keeper, started with the node's first worker (no CPU, a few threads to copy sets)."""
@@ -307,6 +390,9 @@ class RayWorkerPool(WorkerPool):
         for w in self._workers.values():
             if w.alive and w.slot.node_id not in alive_nodes:
                 events.extend(self._lose(w, "its node left the cluster"))
+        for agent in self._agents:
+            if agent.node_id not in alive_nodes:
+                agent.alive = False  # gone with its node (its workers were lost just above)
         for node_id in [n for n in self._keepers if n not in alive_nodes]:
             del self._keepers[node_id]  # gone with its node (and the weight sets it held)
         have: dict[tuple[str, int], bool] = {
@@ -376,7 +462,10 @@ class RayWorkerPool(WorkerPool):
         resume_weights: Any = None,
     ) -> None:
         w = self._workers[worker]
-        gen = w.actor.run_trial.remote(spec, parent_weights, resume_weights)
+        if w.agent is not None:
+            gen = w.agent.run(spec, parent_weights, resume_weights)
+        else:
+            gen = w.actor.run_trial.remote(spec, parent_weights, resume_weights)
         if not w.tasks:  # its silence counts from now: an idle worker has nothing to say
             w.heard = time.monotonic()
         w.tasks.append(_Task(trial, attempt, worker, gen))
@@ -408,10 +497,22 @@ class RayWorkerPool(WorkerPool):
         self._refresh_free(w)
         where = {"node": w.slot.node_id, "hostname": self._hosts.get(w.slot.node_id, "")}
         events.append(PoolEvent(kind, w.worker_id, error=why, worker_lost=True, unresponsive=unresponsive, data=where))
+        if w.agent is not None:
+            w.agent.stop()
+            return events
         try:
             self._ray.kill(w.actor, no_restart=True)
         except Exception as exc:  # already gone with its process or node
             logger.debug("killing lost worker %s: %s", w.worker_id, exc)
+        return events
+
+    def _lose_agent(self, agent: _Agent, why: str) -> list[PoolEvent]:
+        """A node agent died: every worker it ran is lost with it."""
+        agent.alive = False
+        events: list[PoolEvent] = []
+        for w in self._workers.values():
+            if w.alive and w.agent is not None and w.agent.agent is agent:
+                events.extend(self._lose(w, why, kind=EventKind.LOST if w.info else EventKind.START_FAILED))
         return events
 
     def wait(self, timeout: float) -> list[PoolEvent]:
@@ -488,6 +589,8 @@ class RayWorkerPool(WorkerPool):
         return events
 
     def _ask_alive(self, w: _Worker) -> Any:
+        if w.agent is not None:
+            return w.agent.alive()
         return w.actor.alive.options(concurrency_group=LIVENESS_GROUP).remote()
 
     def _take_answer(self, w: _Worker, ref: Any) -> bool:
@@ -548,7 +651,9 @@ class RayWorkerPool(WorkerPool):
             except Exception as exc:
                 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
-                if isinstance(exc, (ActorDiedError, RayActorError, ActorUnavailableError)):
+                if isinstance(exc, (ActorDiedError, RayActorError, ActorUnavailableError)) and w.agent is not None:
+                    events.extend(self._lose_agent(w.agent.agent, f"its node agent died: {_ray_cause(exc)}"))
+                elif isinstance(exc, (ActorDiedError, RayActorError, ActorUnavailableError, SlotLost)):
                     if not w.info:  # it died in __init__: a start failure, whichever of its refs failed first
                         events.extend(self._lose(w, _ray_cause(exc), kind=EventKind.START_FAILED))
                     else:
@@ -585,7 +690,7 @@ class RayWorkerPool(WorkerPool):
             self._watch.stop(wait_s=0)  # no new question; the one in flight has its own deadline
         stats: dict[str, dict[str, Any]] = {}
         alive = [w for w in self._workers.values() if w.alive]
-        refs = {w.worker_id: w.actor.stats.remote() for w in alive if not w.tasks}
+        refs = {w.worker_id: w.agent.stats() if w.agent else w.actor.stats.remote() for w in alive if not w.tasks}
         if refs:
             ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=5)
             for wid, ref in refs.items():
@@ -597,10 +702,13 @@ class RayWorkerPool(WorkerPool):
         for w in alive:
             w.alive = False
             self._refresh_free(w)
+        for actor in [w.actor for w in alive if w.agent is None] + [a.actor for a in self._agents if a.alive]:
             try:
-                ray.kill(w.actor, no_restart=True)
+                ray.kill(actor, no_restart=True)  # a node agent's slot processes end with it (their pipe closes)
             except Exception as exc:
-                logger.debug("killing worker %s at the end: %s", w.worker_id, exc)
+                logger.debug("killing a worker or node agent at the end: %s", exc)
+        for agent in self._agents:
+            agent.alive = False
         for keeper in self._keepers.values():  # the kept sets' files were collected before (WeightStore.finish)
             try:
                 ray.kill(keeper, no_restart=True)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from aiperf.cluster.messages import BadImagesReport, EpochReport, TrialDone, TrialMessage, TrialStarted
-from aiperf.cluster.node_weights import WeightSource, resolve_start, store_on_node
+from aiperf.cluster.node_weights import WeightSource, reach_keeper, resolve_start, store_on_node
 from aiperf.datasets.base import Dataset
 from aiperf.training.trial import TrialSpec
 
@@ -248,7 +248,10 @@ class RayTrialWorker:
         return self._worker
 
     def info(self) -> dict[str, Any]:
-        return self._built().info()
+        info = self._built().info()
+        if self._keeper is not None and not reach_keeper(self._keeper):
+            self._keeper = None  # this worker keeps its own sets
+        return info
 
     def run_trial(
         self, spec: dict[str, Any], parent_weights: WeightSource = None, resume_weights: WeightSource = None
@@ -259,7 +262,10 @@ class RayTrialWorker:
             if isinstance(message, (EpochReport, TrialDone)) and isinstance(message.weights, dict):
                 if not self._node:
                     self._node = worker.info()["node"]
-                message.weights = store_on_node(message.weights, self._keeper, self._node, worker.worker_id)
+                stored = store_on_node(message.weights, self._keeper, self._node, worker.worker_id)
+                if stored.owner != "weight keeper":
+                    self._keeper = None  # it did not answer: later sets stay with this worker, without waiting
+                message.weights = stored
             yield message
 
     def stats(self) -> dict[str, Any]:

@@ -64,14 +64,16 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)  # aiperf -v run: each trial's lifecycle at INFO, each epoch at DEBUG
 
 # The most a run's run_stop comes after its budget: the loop's last poll (MasterSettings.poll_s), the
-# final "alive?" to the workers holding trials (FINAL_ANSWER_S), the idle workers' final stats (5 s)
-# and the control-plane watch's last question (2 s), with room to spare; tests/cluster/test_control_plane.py.
-BUDGET_GRACE_S = 15.0
+# final "alive?" to the workers holding trials (FINAL_ANSWER_S), the kept weights still being collected
+# (COLLECT_AT_END_S), the idle workers' final stats (5 s) and the control-plane watch's last question (2 s),
+# with room to spare; tests/cluster/test_control_plane.py.
+BUDGET_GRACE_S = 20.0
 # The longest a written ledger record waits for its fsync (group commit; docs/ledger.md): a machine
 # crash can lose at most this much of records nothing was yet decided on. A killed process loses none.
 MAX_UNSYNCED_S = 1.0
-# The most the run's end waits for the kept weight sets still being collected from their nodes.
-COLLECT_AT_END_S = 120.0
+# The most the run's end waits for the kept weight sets still being collected from their nodes (each is
+# collected as its trial ends, so only the last few remain; one not collected by then gets no file).
+COLLECT_AT_END_S = 5.0
 
 
 @dataclass

@@ -450,6 +450,7 @@ def _system(header: RunStartRecord, summary: dict[str, Any]) -> str:
     devices = ", ".join(f"{k} x {n}" for k, n in summary["devices"]["workers_by_device"].items()) or "-"
     plan_items = [
         ("placement", plan.placement),
+        ("Ray actors", plan.actors or "per_worker"),
         ("concurrent trials", plan.concurrency),
         ("workers by device", devices),
         ("backend", plan.backend),

@@ -241,6 +241,7 @@ class PlanHeader(_Shape):
     nodes: list[_Node] = []
     concurrency: Count | None = None
     placement: str | None = None
+    actors: str | None = None  # per_worker | per_node (absent before 2026-11-26: per_worker)
     precision: str | None = None
     batch_size: Count | None = None
     threads_per_trial: Count | None = None

@@ -1,0 +1,260 @@
+"""One Ray actor per node (``cluster.actors: per_node``): a node agent runs that node's trials.
+
+With one actor per worker, a 10,000-node machine with 8 accelerators a node needs 80,000 Ray
+actors, beyond what Ray's own release tests exercise (about 10,000). A :class:`NodeAgent`
+holds the resources of all its node's slots and runs each slot's :class:`TrialWorker` in a
+process of its own (started with ``spawn``, its accelerators chosen by ``CUDA_VISIBLE_DEVICES``
+before any framework loads), so the cluster has one actor per node and the workers keep what
+one process per accelerator gives them: their own framework state and device.
+
+The agent is also its node's weight keeper (:mod:`aiperf.cluster.node_weights`): it fetches the
+weights a trial is sent, hands the arrays to the slot's process, and puts each set the process
+sends back into the node's object store, where it owns them.
+
+A slot's process that dies ends its trial's stream with :class:`SlotLost` -- the pool treats it
+as a lost worker, like a dead actor -- and the pool may start the slot again on the same agent.
+The master sees the same workers (``w0003``), the same events and the same records in both modes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import multiprocessing
+import os
+import threading
+import time
+from collections.abc import Generator
+from typing import Any
+
+from aiperf.cluster.messages import EpochReport, TrialDone, TrialMessage, TrialStarted
+from aiperf.cluster.node_weights import WeightSource, resolve_start, weights_nbytes
+from aiperf.datasets.base import Dataset
+from aiperf.errors import first_line
+from aiperf.training.trial import TrialSpec
+
+logger = logging.getLogger(__name__)
+
+SLOT_START_S = 600.0  # the most a slot's process may take to start (framework import, device, ceiling)
+PARENT_CHECK_S = 1.0  # how often a slot's process checks that its agent still exists
+SLOT_STOP_S = 5.0  # how long a stopped slot's process gets to exit before it is killed
+
+
+class SlotLost(Exception):
+    """A slot's worker process died (or was stopped) while the agent waited on it."""
+
+
+def device_shares(gpus: list[float], ids: list[str]) -> list[list[str]]:
+    """The accelerator ids of each slot, in slot order, from the agent's ``ids`` and each slot's share.
+
+    A whole share takes that many ids in turn; fractional shares (``fractional`` placement) pack
+    onto one id until it is full. Without ids (a CPU node) every slot gets none.
+    """
+    if not ids:
+        return [[] for _ in gpus]
+    out, used = [], 0.0
+    for share in gpus:
+        first = math.floor(used + 1e-9)
+        used += share
+        last = max(first + 1, math.ceil(used - 1e-9))
+        out.append(ids[first:last] if share > 0 else [])
+    return out
+
+
+def _exit_with_parent(parent: int) -> None:
+    """End this slot's process once its agent is gone (killed, or its node's Ray stopped), even mid-epoch."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_CHECK_S)
+    os._exit(1)
+
+
+def _slot_main(conn: Any, worker_id: str, dataset: Dataset, settings: Any, devices: str | None) -> None:
+    """A slot's process: build the worker, then answer the agent's requests until told to stop or the pipe closes."""
+    if devices is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = devices
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True, name="parent-watch").start()
+    from aiperf.cluster.worker import TrialWorker
+
+    try:
+        worker = TrialWorker(worker_id, dataset, settings)
+    except BaseException as exc:
+        conn.send(("error", f"{type(exc).__name__}: {first_line(exc, 400)}"))
+        return
+    conn.send(("ready", worker.info()))
+    while True:
+        try:
+            request = conn.recv()
+        except EOFError:  # the agent is gone
+            return
+        kind = request[0]
+        if kind == "stop":
+            return
+        try:
+            if kind == "run":
+                for message in worker.run_trial(*request[1:]):
+                    conn.send(("message", message))
+                conn.send(("end", None))
+            elif kind == "stats":
+                conn.send(("stats", worker.stats()))
+        except Exception as exc:  # the trial raised: its stream ends with the error, the process goes on
+            conn.send(("error", f"{type(exc).__name__}: {first_line(exc, 400)}"))
+
+
+class _SlotProcess:
+    """The agent's side of one slot: its process, its pipe, and a lock so one request talks at a time."""
+
+    def __init__(self, worker_id: str, dataset: Dataset, settings: Any, devices: str | None) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.conn, child = context.Pipe()
+        self.process = context.Process(
+            target=_slot_main, args=(child, worker_id, dataset, settings, devices), name=f"aiperf-{worker_id}"
+        )
+        self.process.start()
+        child.close()
+        self.lock = threading.Lock()
+        self.worker_id = worker_id
+        self.ready = False  # its worker answered: trials may be sent
+
+    def receive(self, timeout: float | None = None) -> tuple[str, Any]:
+        """The process's next reply; :class:`SlotLost` when it died or stayed silent past ``timeout``."""
+        try:
+            if timeout is not None and not self.conn.poll(timeout):
+                raise SlotLost(f"worker {self.worker_id}'s process did not answer within {timeout:g} s")
+            return self.conn.recv()
+        except (EOFError, OSError):
+            code = self.process.exitcode
+            raise SlotLost(f"worker {self.worker_id}'s process died (exit code {code})") from None
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError):  # a process already gone has no pipe to read it
+            self.conn.send(("stop",))
+        self.process.join(SLOT_STOP_S)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(SLOT_STOP_S)
+        self.conn.close()
+
+
+class NodeAgent:
+    """The Ray actor of one node (threaded: each slot's request runs on a thread of its own)."""
+
+    def __init__(self, shares: dict[int, float]) -> None:
+        """``shares``: each slot's accelerator share by key, in the order they are cut from the agent's accelerators."""
+        import ray
+
+        self._node = ray.get_runtime_context().get_node_id()
+        ids = [str(i) for i in ray.get_gpu_ids()]
+        cut = device_shares(list(shares.values()), ids)
+        self._devices = {key: (",".join(d) if ids else None) for key, d in zip(shares, cut, strict=True)}
+        self._slots: dict[int, _SlotProcess] = {}
+        self._failed: dict[int, str] = {}  # slots whose start failed, with why
+        self._changed = threading.Condition()  # a slot registered, became ready, failed or stopped
+
+    def start(self, key: int, worker_id: str, dataset: Dataset, settings: Any) -> dict[str, Any]:
+        """Start slot ``key``'s process (a slot started before is stopped first); its description once ready.
+
+        The pool queues trials on a slot while it starts; they wait in :meth:`_slot` until it is ready.
+        """
+        with self._changed:
+            old = self._slots.pop(key, None)
+            self._failed.pop(key, None)
+        if old is not None:
+            old.stop()
+        slot = _SlotProcess(worker_id, dataset, settings, self._devices.get(key))
+        with self._changed:
+            self._slots[key] = slot
+            self._changed.notify_all()
+        try:
+            kind, value = slot.receive(SLOT_START_S)
+            if kind != "ready":
+                raise RuntimeError(value)
+        except Exception as exc:
+            with self._changed:
+                self._failed[key] = str(exc)
+                self._slots.pop(key, None)
+                self._changed.notify_all()
+            slot.stop()
+            raise
+        with self._changed:
+            slot.ready = True
+            self._changed.notify_all()
+        return {**value, "node": self._node, "agent_pid": os.getpid()}
+
+    def _slot(self, key: int, wait_s: float = SLOT_START_S) -> _SlotProcess:
+        """Slot ``key`` once it is ready (waiting up to ``wait_s`` while it starts); :class:`SlotLost` if it is not."""
+        deadline = time.monotonic() + wait_s
+        with self._changed:
+            while True:
+                slot = self._slots.get(key)
+                if slot is not None and slot.ready:
+                    return slot
+                if key in self._failed:
+                    raise SlotLost(f"slot {key} of this node agent failed to start: {self._failed[key]}")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise SlotLost(f"slot {key} of this node agent is not running")
+                self._changed.wait(left)
+
+    def run_trial(
+        self, key: int, spec: dict[str, Any], parent: WeightSource = None, resume: WeightSource = None
+    ) -> Generator[TrialMessage, None, None]:
+        """Run a trial on slot ``key``: its weights fetched here, its messages relayed, its weight sets kept here."""
+        slot = self._slot(key)
+        start = resolve_start(TrialSpec.from_dict(spec), parent, resume)
+        with slot.lock:
+            try:
+                slot.conn.send(("run", start.spec.to_dict(), start.parent, start.resume))
+            except OSError:
+                raise SlotLost(f"worker {slot.worker_id}'s process is gone") from None
+            while True:
+                kind, value = slot.receive()
+                if kind == "end":
+                    return
+                if kind == "error":
+                    raise RuntimeError(value)
+                if kind == "stats":
+                    continue
+                if isinstance(value, TrialStarted) and start.fallback:
+                    value.weights_lost, value.inherited = start.fallback, start.inherited
+                elif isinstance(value, (EpochReport, TrialDone)) and isinstance(value.weights, dict):
+                    value.weights = self._keep(value.weights)
+                yield value
+
+    def _keep(self, weights: dict) -> Any:
+        import ray
+
+        from aiperf.cluster.messages import StoredWeights
+
+        return StoredWeights(ref=ray.put(weights), node=self._node, owner="node agent", nbytes=weights_nbytes(weights))
+
+    def alive(self, key: int) -> bool:
+        """The master's liveness question for one slot: its process must still exist."""
+        slot = self._slot(key, wait_s=0.0)
+        if not slot.process.is_alive():
+            raise SlotLost(f"worker {slot.worker_id}'s process died (exit code {slot.process.exitcode})")
+        return True
+
+    def stats(self, key: int) -> dict[str, Any]:
+        slot = self._slot(key)
+        with slot.lock:
+            slot.conn.send(("stats",))
+            kind, value = slot.receive(SLOT_STOP_S)
+        if kind != "stats":
+            raise RuntimeError(f"worker {slot.worker_id} answered {kind} to a stats request")
+        return value
+
+    def stop(self, key: int) -> None:
+        """Stop slot ``key``'s process (a lost or retired worker)."""
+        with self._changed:
+            slot = self._slots.pop(key, None)
+            self._changed.notify_all()
+        if slot is not None:
+            slot.stop()
+
+    def stop_all(self) -> None:
+        with self._changed:
+            slots, self._slots = list(self._slots.values()), {}
+            self._changed.notify_all()
+        for slot in slots:
+            slot.stop()

@@ -1,0 +1,98 @@
+"""One Ray actor per node (``cluster.actors: per_node``): the node agent runs its workers as processes.
+
+The slow test drives it through ``aiperf run``: one agent holds the node's resources, its
+workers are processes of its own, a worker process killed mid-trial is a lost worker (its trial
+re-queued, the slot started again on the same agent), and the run verifies like any other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from helpers import REPO, aiperf_cmd, cli_env
+
+from aiperf.cluster.node_agent import device_shares
+from aiperf.record.ledger import read_raw_ledger
+
+
+def test_slots_get_their_own_accelerators_whole_or_shared():
+    assert device_shares([1.0, 1.0, 1.0], ["0", "1", "2"]) == [["0"], ["1"], ["2"]]
+    assert device_shares([2.0, 2.0], ["0", "1", "2", "3"]) == [["0", "1"], ["2", "3"]]  # data-parallel pairs
+    assert device_shares([0.5, 0.5, 0.5, 0.5], ["4", "6"]) == [["4"], ["4"], ["6"], ["6"]]  # fractional
+    assert device_shares([0.25] * 3, ["0"]) == [["0"]] * 3
+    assert device_shares([1.0, 1.0], []) == [[], []]  # a CPU node: nothing to choose
+
+
+def _agent_children(run: subprocess.Popen) -> list[psutil.Process]:
+    """The worker processes the run's node agent started (spawned children of the ``ray::NodeAgent`` process)."""
+    out = []
+    for proc in psutil.Process(run.pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if "NodeAgent" in " ".join(proc.cmdline()):
+                out.extend(c for c in proc.children() if "spawn_main" in " ".join(c.cmdline()))
+    return out
+
+
+@pytest.mark.slow
+def test_a_run_with_one_actor_per_node_survives_a_worker_process_killed_mid_trial(tmp_path):
+    results = tmp_path / "results"
+    env = cli_env()
+    env.pop("RAY_ADDRESS", None)
+    run = subprocess.Popen(
+        aiperf_cmd(
+            "run",
+            "--config",
+            "smoke",
+            "--set",
+            "cluster.actors=per_node",
+            "--set",
+            "run.time_budget_s=100",
+            "--set",
+            f"run.results_dir={results}",
+        ),
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 240
+        victims: list[psutil.Process] = []
+        while time.monotonic() < deadline and run.poll() is None:
+            runs = list(results.iterdir()) if results.exists() else []
+            epochs = [r for r in read_raw_ledger(runs[0]) if r["type"] == "epoch"] if runs else []
+            victims = _agent_children(run)
+            if len(epochs) >= 2 and len(victims) == 2:
+                break
+            time.sleep(0.5)
+        assert len(victims) == 2, "the node agent does not run its two workers as processes of its own"
+        os.kill(victims[0].pid, signal.SIGKILL)  # one worker process dies mid-run; the agent and its sibling live
+        out, _ = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    assert run.returncode == 0, out[-3000:]
+
+    run_dir = next(results.iterdir())
+    records = read_raw_ledger(run_dir)
+    assert records[0]["plan"]["actors"] == "per_node"
+    lost = [r for r in records if r["type"] == "worker" and "process died" in (r["retired"] or "")]
+    assert len(lost) == 1, "the killed process is one lost worker"
+    again = [r for r in records if r["type"] == "trial_start" and r["worker"] not in ("w0000", "w0001")]
+    assert again, "the lost slot was started again and ran trials"
+    assert records[-1]["type"] == "run_stop" and records[-1]["status"] == "completed"
+    assert [r for r in records if r["type"] == "weights"], "kept weights were collected from the agent"
+    done = subprocess.run(aiperf_cmd("verify", str(run_dir)), capture_output=True, text=True, env=cli_env())
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    summary = json.loads(Path(run_dir, "summary.json").read_text())
+    assert summary["trials"]["epochs_counted"] == sum(r["type"] == "epoch" for r in records)
