@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +25,29 @@ def aiperf_cmd(*args: str) -> list[str]:
 def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     """``aiperf ARGS`` in a process of its own, as a user types it; ``timeout`` guards against a hang."""
     return subprocess.run(aiperf_cmd(*args), capture_output=True, text=True, env=cli_env(), timeout=timeout, cwd=REPO)
+
+
+def start_cli(*args: str, env: dict[str, str]) -> subprocess.Popen:
+    """``aiperf ARGS`` started in a session of its own (so a test can kill its whole process group), output piped."""
+    return subprocess.Popen(
+        aiperf_cmd(*args),
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+@contextlib.contextmanager
+def killed_if_left(run: subprocess.Popen) -> Iterator[subprocess.Popen]:
+    """SIGKILL the process group of a :func:`start_cli` run on the way out if it still goes (a failed test)."""
+    try:
+        yield run
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
 
 
 BOUNDED_MEMORY = 3 << 30  # address space for one hostile-input CLI call: TensorFlow imports in under 2 GiB

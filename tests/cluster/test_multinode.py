@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import REPO, aiperf_cmd, cli_env
+from helpers import REPO, aiperf_cmd, cli_env, killed_if_left, start_cli
 
 from aiperf.cluster.ray_session import non_loopback_listeners
 from aiperf.record.ledger import read_raw_ledger
@@ -142,16 +142,11 @@ def test_node_death_requeues_its_trial_and_late_nodes_are_used(cluster, tmp_path
     assert non_loopback_listeners(ray_pids) == [], "the simulated cluster must listen on loopback only"
 
     results = tmp_path / "results"
-    run = subprocess.Popen(
-        aiperf_cmd("run", "--config", "smoke", "--set", f"run.results_dir={results}", "--set", "run.time_budget_s=80"),
+    run = start_cli(
+        "run", "--config", "smoke", "--set", f"run.results_dir={results}", "--set", "run.time_budget_s=80",
         env=cluster.driver_env(),
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
+    )  # fmt: skip
+    with killed_if_left(run):
         first = _wait_for(lambda: _records(results), 120, "the run to start", run)
         node_of = {
             n["node_id"]: int(k.rsplit("_", 1)[1])
@@ -171,9 +166,6 @@ def test_node_death_requeues_its_trial_and_late_nodes_are_used(cluster, tmp_path
         cluster.sh("kill", "2")
         cluster.sh("add", "1")  # a node joining the running cluster: the pool's sync must use it
         out, _ = run.communicate(timeout=240)
-    finally:
-        if run.poll() is None:
-            os.killpg(run.pid, signal.SIGKILL)
     assert run.returncode == 0, out[-3000:]
 
     run_dir = next(results.iterdir())
@@ -227,14 +219,8 @@ def test_master_death_then_resume_continues_the_same_run(tmp_path):
     results = tmp_path / "results"
     env = cli_env()
     env.pop("RAY_ADDRESS", None)
-    first = subprocess.Popen(
-        aiperf_cmd("run", "--config", "smoke", "--set", f"run.results_dir={results}", "--set", "run.time_budget_s=50"),
-        env=env,
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
+    first = start_cli(
+        "run", "--config", "smoke", "--set", f"run.results_dir={results}", "--set", "run.time_budget_s=50", env=env
     )
     family: list[psutil.Process] = []
     try:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import REPO, aiperf_cmd, cli_env
+from helpers import aiperf_cmd, cli_env, killed_if_left, start_cli
 
 from aiperf.cluster.node_agent import device_shares
 from aiperf.record.ledger import read_raw_ledger
@@ -46,26 +46,12 @@ def test_a_run_with_one_actor_per_node_survives_a_worker_process_killed_mid_tria
     results = tmp_path / "results"
     env = cli_env()
     env.pop("RAY_ADDRESS", None)
-    run = subprocess.Popen(
-        aiperf_cmd(
-            "run",
-            "--config",
-            "smoke",
-            "--set",
-            "cluster.actors=per_node",
-            "--set",
-            "run.time_budget_s=100",
-            "--set",
-            f"run.results_dir={results}",
-        ),
+    run = start_cli(
+        "run", "--config", "smoke", "--set", "cluster.actors=per_node", "--set", "run.time_budget_s=100",
+        "--set", f"run.results_dir={results}",
         env=env,
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
+    )  # fmt: skip
+    with killed_if_left(run):
         deadline = time.monotonic() + 240
         victims: list[psutil.Process] = []
         while time.monotonic() < deadline and run.poll() is None:
@@ -78,9 +64,6 @@ def test_a_run_with_one_actor_per_node_survives_a_worker_process_killed_mid_tria
         assert len(victims) == 2, "the node agent does not run its two workers as processes of its own"
         os.kill(victims[0].pid, signal.SIGKILL)  # one worker process dies mid-run; the agent and its sibling live
         out, _ = run.communicate(timeout=300)
-    finally:
-        if run.poll() is None:
-            os.killpg(run.pid, signal.SIGKILL)
     assert run.returncode == 0, out[-3000:]
 
     run_dir = next(results.iterdir())
