@@ -51,7 +51,7 @@ MAX_START_ATTEMPTS = 3
 PING_AFTER_S = 10.0  # a ready worker holding a trial that said nothing this long is asked whether it is alive
 UNRESPONSIVE_S = 60.0  # ... one that answered nothing this long is lost as unresponsive (its trial re-queued)
 FINAL_ANSWER_S = 5.0  # at the run's end, each worker holding a trial must answer within this
-AGENT_SPARE_THREADS = 4  # a node agent's threads beyond two per slot (a trial and a question each)
+AGENT_SPARE_THREADS = 4  # a node agent's threads beyond those its slots need (queued trials, start, a question)
 KEEPER_THREADS = 4  # a node's weight keeper copies this many sets at once (its node's workers hand them in)
 
 
@@ -345,7 +345,8 @@ class RayWorkerPool(WorkerPool):
             actor = self._agent_cls.options(
                 num_cpus=sum(s.cpus for s in group),
                 num_gpus=sum(s.gpus for s in group),
-                max_concurrency=2 * len(group) + AGENT_SPARE_THREADS,
+                # A thread per queued trial (each waits for its slot), one for the slot's start, one for a question.
+                max_concurrency=(self._queue_depth + 2) * len(group) + AGENT_SPARE_THREADS,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
             ).remote({s.index: s.gpus for s in group})
             agent = _Agent(actor, node_id, frozenset(s.index for s in group))
