@@ -26,9 +26,16 @@ proposal is what lets one master run for hours.
     PYTHONPATH=. python benchmarks/scale_sim.py --workers 64,512,4096
     PYTHONPATH=. python benchmarks/scale_sim.py --workers 4096 --trials-per-worker 36 --windows
     PYTHONPATH=. python benchmarks/scale_sim.py --workers 4096 --profile 25   # where the master's time goes
+    PYTHONPATH=. python benchmarks/scale_sim.py --workers 65536 --trials-per-worker 3 --startup-only --cpu-clock
+
+``--startup-only`` ends the run once every worker has its first trial (``all_busy`` is the start-up;
+the run length still paces the size schedule, so keep the length whose start-up you mean), and
+``--cpu-clock`` lets the master's CPU seconds, not its real seconds, flow into simulated time.
 
 Run it on an otherwise idle core: every real second the master loses to other processes
-counts against it, exactly as it would on a head node (the CPU columns do not depend on that).
+counts against it, exactly as it would on a head node (the CPU columns do not depend on that),
+or with ``--cpu-clock`` on a box shared with other work (which then leaves out the master's
+waits for the disk, too).
 """
 
 from __future__ import annotations
@@ -126,9 +133,17 @@ class WindowMeter:
 class RecordingPool(SimulatedWorkerPool):
     """The simulated pool, remembering when each submitted trial runs on its worker."""
 
-    def __init__(self, *args: Any, meter: WindowMeter, keep_s: float, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        meter: WindowMeter,
+        keep_s: float,
+        on_all_busy: Callable[[], None] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.intervals: dict[str, list[tuple[float, float]]] = {}
+        self.on_all_busy = on_all_busy  # called once, when the last worker gets its first trial
         self.meter = meter
         self.keep_s = keep_s
         self.last_samples: deque[tuple[float, float]] = deque()  # (simulated, real) at each wait, the latest keep_s
@@ -145,6 +160,9 @@ class RecordingPool(SimulatedWorkerPool):
         super().submit(worker, trial, attempt, spec, *rest)
         w = self._workers[worker]
         self.intervals.setdefault(worker, []).append((w.queue[-1].start, w.free_at))
+        if self.on_all_busy is not None and len(self.intervals) == len(self._workers):
+            self.on_all_busy()
+            self.on_all_busy = None
 
 
 @dataclass
@@ -283,6 +301,9 @@ def simulate(
     window_s: float | None = None,
     batch: str = "auto",
     reward: str = "depth",
+    cpu_clock: bool = False,
+    startup_only: bool = False,
+    weights_on_nodes: bool = True,
 ) -> ScaleResult:
     budget = trial_s * trials_per_worker
     cfg = load_config(
@@ -296,7 +317,7 @@ def simulate(
         ],
     )
     window_s = window_s or trial_s
-    clock = HybridClock()
+    clock = HybridClock(cpu=cpu_clock)
     proposer = TimedProposer(
         make_search(cfg, zoo.small_resnet((28, 28, 1), 10, width=cfg.model.width), 256, workers=workers),
         clock,
@@ -313,6 +334,7 @@ def simulate(
         batch_size=256,
         images=(50_000, 10_000),
         accuracy_fn=bump_accuracy(seed) if reward == "bump" else default_accuracy,
+        weights_on_nodes=weights_on_nodes,
     )
     # Assembled as every run is (run_start, the MLPerf-style log, the master from the config, run_stop).
     system = {"simulated": True, "workers": workers}
@@ -325,6 +347,8 @@ def simulate(
         cfg, ledger_dir, header=header, plan=pool.plan, system=system, proposer=proposer, pool=pool, weights=weights,
         clock=clock,
     )  # fmt: skip
+    if startup_only:  # the run ends once every worker has its first trial (the budget still sets the size band)
+        pool.on_all_busy = lambda: run.master.request_stop("every worker has its first trial")
     wall0, cpu0 = time.perf_counter(), time.process_time()
     outcome = run.run()
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
@@ -400,6 +424,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--windows", action="store_true", help="print the master's cost per window of simulated time")
     p.add_argument("--window-minutes", type=float, default=None, help="window length (default: one trial length)")
+    p.add_argument(
+        "--startup-only",
+        action="store_true",
+        help="stop once every worker has its first trial (the run length still sets the size schedule's pace)",
+    )
+    p.add_argument(
+        "--cpu-clock",
+        action="store_true",
+        help="the master's CPU seconds flow into simulated time instead of its real seconds (on a shared box)",
+    )
+    p.add_argument(
+        "--weights-on-nodes",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="trials report their weights as references on their node, as Ray workers do (the master holds one per"
+        " running trial); --no-weights-on-nodes: as arrays (empty ones here)",
+    )
     p.add_argument("--profile", type=int, default=0, metavar="N", help="cProfile the largest run; print N rows")
     p.add_argument("--ledger-dir", default=None, help="where the ledgers go (default: a temporary directory)")
     p.add_argument("--json", default=None, help="also write the results here")
@@ -432,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
             profiler.enable()
         r = simulate(
             n, 60 * args.trial_minutes, args.epochs, args.trials_per_worker, args.seed, base / f"w{n}", window_s,
-            args.batch, args.reward,
+            args.batch, args.reward, args.cpu_clock, args.startup_only, args.weights_on_nodes,
         )  # fmt: skip
         if profiler:
             profiler.disable()

@@ -113,6 +113,27 @@ class Node:
         # Attribute values are canonical (ints, floats, strings, tuples), so the items hash.
         return hash((self.id, self.op, self.inputs, tuple(sorted(self.attrs.items()))))
 
+    # A morph child shares every node it leaves unchanged with its parent, and the start-up fill
+    # builds tens of thousands of children: what a graph derives from one node (its shape, its part
+    # of the key, its operation count) is asked again of the same node object with the same inputs.
+    # The node remembers the last answer to each question, with what it depended on.
+    def recall(self, question: str, given: object) -> Any:
+        """The answer :meth:`remember` kept for ``question`` if it was given the same ``given``, else None."""
+        memo = self.__dict__.get("_memo")
+        if memo is not None:
+            kept = memo.get(question)
+            if kept is not None and kept[0] == given:
+                return kept[1]
+        return None
+
+    def remember(self, question: str, given: object, answer: Any) -> Any:
+        """Keep ``answer`` (not None) to ``question`` about this node, valid while ``given`` is the same."""
+        self.__dict__.setdefault("_memo", {})[question] = (given, answer)
+        return answer
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_memo"}  # a copy or a pickle starts afresh
+
 
 def short_repr(value: object, limit: int = 40) -> str:
     """``repr`` cut to ``limit`` characters, so hostile values cannot flood an error message."""
@@ -306,10 +327,15 @@ def _toposort(nodes: Sequence[Node]) -> list[Node]:
     import heapq
 
     by_id: dict[int, int] = {}
+    in_order = True  # every node's inputs come before it: the order is kept as is (a morph's nodes mostly)
     for pos, n in enumerate(nodes):
         if n.id in by_id:
             raise NasError(f"node {n.id}: duplicate id")
+        if in_order:
+            in_order = all(i in by_id for i in n.inputs)
         by_id[n.id] = pos
+    if in_order:
+        return list(nodes)  # what the algorithm below returns for an order that is already topological
     pending = [0] * len(nodes)
     consumers: list[list[int]] = [[] for _ in nodes]
     for pos, n in enumerate(nodes):
@@ -379,14 +405,19 @@ class Graph:
         shapes: dict[int, Shape] = {}
         params = 0
         for n in self.nodes:
-            in_shapes = [shapes[i] for i in n.inputs]
-            shape = _infer(n, in_shapes)
-            if any(d < 1 for d in shape) or math.prod(shape) > MAX_ELEMENTS:
-                raise NasError(f"{n.label}: output shape {shape} is out of range")
-            if shape[-1] > MAX_UNITS:
-                raise NasError(f"{n.label}: {shape[-1]} channels exceed {MAX_UNITS}")
+            in_shapes = tuple([shapes[i] for i in n.inputs])
+            known = n.recall("shape", in_shapes)
+            if known is None:
+                shape = _infer(n, list(in_shapes))
+                if any(d < 1 for d in shape) or math.prod(shape) > MAX_ELEMENTS:
+                    raise NasError(f"{n.label}: output shape {shape} is out of range")
+                if shape[-1] > MAX_UNITS:
+                    raise NasError(f"{n.label}: {shape[-1]} channels exceed {MAX_UNITS}")
+                weights = sum(math.prod(s) for s in weight_shapes(n, in_shapes[0] if in_shapes else ()))
+                known = n.remember("shape", in_shapes, (shape, weights))
+            shape, weights = known
             shapes[n.id] = shape
-            params += sum(math.prod(s) for s in weight_shapes(n, in_shapes[0] if in_shapes else ()))
+            params += weights
             if params > MAX_PARAMS:
                 raise NasError(f"{n.label}: the graph exceeds {MAX_PARAMS} parameters")
         out = shapes[self.nodes[-1].id]
@@ -423,6 +454,9 @@ class Graph:
 
     def consumers(self, node_id: int) -> list[int]:
         return list(self._consumers[node_id])
+
+    def consumer_count(self, node_id: int) -> int:
+        return len(self._consumers[node_id])
 
     def ancestors(self, node_id: int) -> frozenset[int]:
         """Every node ``node_id`` depends on (computed once for all nodes: graphs are immutable)."""
@@ -488,15 +522,23 @@ class Graph:
 
             digests: dict[int, str] = {}
             for n in self.nodes:
-                items = dict(n.attrs)
-                if items.get("padding") == "same" and not self._pads_anything(n):
-                    items["padding"] = "valid"  # e.g. a 1x1 conv: "same" adds no padding
-                attrs = ",".join(f"{k}={v}" for k, v in sorted(items.items()) if k != "rate")
                 inputs = [digests[i] for i in n.inputs]
-                if n.op == "add":
-                    inputs.sort()
-                text = f"{n.op}({','.join(inputs)})[{attrs}]"
-                digests[n.id] = hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+                in_shape = self._shapes[n.inputs[0]] if n.inputs else ()
+                given = (tuple(inputs), in_shape)  # what the node's digest depends on
+                digest = n.recall("key", given)
+                if digest is None:
+                    attrs = n.recall("key_attrs", in_shape)
+                    if attrs is None:
+                        items = dict(n.attrs)
+                        if items.get("padding") == "same" and not self._pads_anything(n):
+                            items["padding"] = "valid"  # e.g. a 1x1 conv: "same" adds no padding
+                        text = ",".join(f"{k}={v}" for k, v in sorted(items.items()) if k != "rate")
+                        attrs = n.remember("key_attrs", in_shape, text)
+                    if n.op == "add":
+                        inputs.sort()
+                    text = f"{n.op}({','.join(inputs)})[{attrs}]"
+                    digest = n.remember("key", given, hashlib.blake2b(text.encode(), digest_size=16).hexdigest())
+                digests[n.id] = digest
             summary = digests[self.output_node.id] + ";" + ",".join(sorted(digests.values()))
             self._key = hashlib.sha256(summary.encode()).hexdigest()[:16]
         return self._key
@@ -518,7 +560,23 @@ class Graph:
         if all(n.attrs.get(k) == v for n in self.nodes if n.op == op for k, v in attrs.items()):
             return self  # nothing changes: no rebuild (the master applies each trial's dropout rate)
         nodes = [make_node(n.id, n.op, n.inputs, {**n.attrs, **attrs}) if n.op == op else n for n in self.nodes]
+        if op == "dropout" and set(attrs) <= {"rate"}:
+            return self._with_rates(nodes)
         return Graph(nodes, name=self.name)
+
+    def _with_rates(self, nodes: list[Node]) -> Graph:
+        """This graph with ``nodes`` (the same but for dropout rates): no shape, count or key changes, so
+        nothing is inferred again (a re-tune differs from its lineage by its rate, every start-up tune of the seed)."""
+        graph = object.__new__(Graph)
+        graph.nodes = tuple(nodes)
+        graph.name = self.name
+        graph._index = self._index
+        graph._consumers = self._consumers
+        graph._shapes = self._shapes
+        graph._params = self._params
+        graph._key = self._key  # the key leaves dropout rates out
+        graph._ancestors = self._ancestors
+        return graph
 
     def with_dropout(self, rate: float, ensure: bool = False) -> Graph:
         """A copy whose dropout layers all use ``rate``, so a searched dropout rate always takes effect.

@@ -130,7 +130,7 @@ class _Architecture:
     must still cost only its running trials.
     """
 
-    running: list[str] = field(default_factory=list)  # its pending trials, in proposal order
+    running: dict[str, None] = field(default_factory=dict)  # its pending trials, in proposal order (a set, in order)
     best_final: float | None = None  # best final accuracy over its completed trials
     lead: str | None = None  # the running trial with a partial result furthest along (progress, then accuracy)
 
@@ -250,7 +250,7 @@ class AutoMLSearch(Proposer):
         else:
             trial.state = "final"
             arch = self._by_key[trial.key]
-            arch.running.remove(trial_id)
+            del arch.running[trial_id]
             arch.best_final = trial.value if arch.best_final is None else max(arch.best_final, trial.value)
             self._completed(trial)
         self._update_strategy(trial)
@@ -259,9 +259,11 @@ class AutoMLSearch(Proposer):
         trial = self._active(trial_id)
         trial.state = "failed"
         arch = self._by_key[trial.key]
-        arch.running.remove(trial_id)
-        if arch.lead == trial_id:  # rare: a failed lead; the next one is found among the others
-            told = [t for t in arch.running if self._trials[t].value is not None]
+        del arch.running[trial_id]
+        if arch.lead == trial_id:  # rare but at the run's end: a failed lead; the next one is found among the others
+            # Of equal leads the latest proposed: forgetting in proposal order (the run's end) then rescans
+            # once per distinct lead, not once per trial of an architecture re-tuned thousands of times.
+            told = [t for t in reversed(arch.running) if self._trials[t].value is not None]
             arch.lead = max(told, key=self._lead_key) if told else None
         if not arch.running and arch.best_final is None:
             del self._by_key[trial.key]
@@ -421,7 +423,7 @@ class AutoMLSearch(Proposer):
             if proposal.kind == TrialKind.SEED and self._seed_trial is None:
                 self._seed_trial = trial_id
         trial = self._trials[trial_id] = _Trial(trial_id, proposal, key, root)
-        self._by_key.setdefault(key, _Architecture()).running.append(trial_id)
+        self._by_key.setdefault(key, _Architecture()).running[trial_id] = None
         self._update_strategy(trial)
 
     def _completed(self, trial: _Trial) -> None:

@@ -22,6 +22,7 @@ their worker (a node died) are re-queued from their last epoch as before.
 from __future__ import annotations
 
 import gc
+import heapq
 import itertools
 import logging
 import re
@@ -186,7 +187,11 @@ class Master:
         self.active: dict[str, TrialState] = {}  # submitted and not ended
         self.retry_queue: list[TrialState] = []
         self.compiled_on: dict[str, OrderedDict[str, None]] = {}  # worker -> architectures it has compiled (LRU)
-        self.compiled_by: dict[str, dict[str, None]] = {}  # architecture -> workers that have it compiled
+        self.compiled_by: dict[str, dict[str, int]] = {}  # architecture -> workers that have it compiled -> since when
+        # architecture -> compiled_by's (since when, worker) as a heap: the first of its workers that holds nothing is
+        # found without passing the ones that do (thousands, in a start-up fill that holds re-tunes of the seed)
+        self._compiled_queue: dict[str, list[tuple[int, str]]] = {}
+        self._compiled_order = itertools.count()
         self.held: dict[str, TrialState] = {}  # worker -> a trial kept for it: it has the architecture compiled
         self._ids = itertools.count(first_trial)
         self.proposed = first_trial
@@ -370,6 +375,7 @@ class Master:
         """
         held = self.held.pop(worker, None)
         if held is not None:
+            self._unheld(worker)
             return held
         if self.retry_queue:
             mine = self.compiled_on.get(worker) or OrderedDict()
@@ -385,17 +391,31 @@ class Master:
                 return state
             self.held[other] = state
         if self.held:  # nothing else to train (the trial cap is reached): a held trial must not leave this worker idle
-            return self.held.pop(next(iter(self.held)))
+            other = next(iter(self.held))
+            state = self.held.pop(other)
+            self._unheld(other)
+            return state
         return None
 
     def _compiled_elsewhere(self, key: str, worker: str) -> str | None:
         """Another live worker with ``key`` compiled and nothing held for it (None if ``worker`` has it too)."""
         if key in (self.compiled_on.get(worker) or ()):
-            return None
-        for other in self.compiled_by.get(key, ()):  # a few workers, not all of them (65,536 at scale)
-            if other != worker and other not in self.held and other not in self.retired:
+            return None  # so ``worker`` itself is not among compiled_by[key] either
+        workers, queue = self.compiled_by.get(key), self._compiled_queue.get(key)
+        while workers and queue:  # the earliest compiled first, as compiled_by's order
+            since, other = queue[0]
+            if workers.get(other) == since and other not in self.held and other not in self.retired:
                 return other
+            heapq.heappop(queue)  # forgotten, retired, or holding a trial until _unheld puts it back
         return None
+
+    def _unheld(self, worker: str) -> None:
+        """``worker`` holds nothing any more: it is a candidate again for the architectures it has compiled."""
+        for key in self.compiled_on.get(worker) or ():
+            workers, queue = self.compiled_by[key], self._compiled_queue[key]
+            heapq.heappush(queue, (workers[worker], worker))
+            if len(queue) > 2 * len(workers) + 64:  # workers put back without ever being taken off: one entry each
+                self._compiled_queue[key] = sorted((since, w) for w, since in workers.items())
 
     def _note_compiled(self, worker: str, key: str) -> None:
         """Mirror the worker's own cache of compiled models (same capacity, least recently used first out)."""
@@ -404,7 +424,10 @@ class Master:
         keys = self.compiled_on.setdefault(worker, OrderedDict())
         keys[key] = None
         keys.move_to_end(key)
-        self.compiled_by.setdefault(key, {})[worker] = None
+        workers = self.compiled_by.setdefault(key, {})
+        if worker not in workers:
+            since = workers[worker] = next(self._compiled_order)
+            heapq.heappush(self._compiled_queue.setdefault(key, []), (since, worker))
         while len(keys) > self.settings.compiled_models:
             self._forget_compiled(worker, keys.popitem(last=False)[0])
 
@@ -414,6 +437,7 @@ class Master:
             workers.pop(worker, None)
             if not workers:
                 del self.compiled_by[key]
+                del self._compiled_queue[key]
 
     def _release_held(self, worker: str) -> None:
         """A worker that is gone takes nothing held for it: that trial never started, so it simply runs elsewhere."""

@@ -283,11 +283,20 @@ def count_flops(graph: Graph) -> GraphCost:
     layers: list[LayerCost] = []
     trainable = 0
     for n in graph.nodes:
-        cost, node_trainable = _layer_cost(graph, n, flows)
+        fan_in = max(graph.consumer_count(n.id) - 1, 0) if flows[n.id] else 0
+        # A layer's count depends on the node, its input and output shapes, whether its input needs a gradient
+        # and how many gradients it sums; a morph child shares its unchanged nodes with its parent, whose
+        # counts are then remembered (Node.recall).
+        in_shape = graph.shape(n.inputs[0]) if n.inputs else ()
+        given = (in_shape, graph.shape(n.id), bool(n.inputs) and flows[n.inputs[0]], fan_in)
+        known = n.recall("flops", given)
+        if known is None:
+            cost, node_trainable = _layer_cost(graph, n, flows)
+            if fan_in:  # gradients arriving from several consumers are summed
+                cost = replace(cost, backward=cost.backward + fan_in * _elements(cost.output_shape))
+            known = n.remember("flops", given, (cost, node_trainable))
+        cost, node_trainable = known
         trainable += node_trainable
-        fan_in = max(len(graph.consumers(n.id)) - 1, 0)
-        if fan_in and flows[n.id]:  # gradients arriving from several consumers are summed
-            cost = replace(cost, backward=cost.backward + fan_in * _elements(cost.output_shape))
         layers.append(cost)
     loss_forward, loss_backward = softmax_cross_entropy_ops(graph.num_classes)
     update = sum(layer.per_step for layer in layers) + LOSS_OPS_PER_STEP

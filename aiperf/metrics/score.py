@@ -12,11 +12,13 @@ score by computing fast and learning nothing.
 
 from __future__ import annotations
 
-import bisect
 import math
+from array import array
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import TypedDict
+
+import numpy as np
 
 from aiperf.record.schema import (
     EpochRecord,
@@ -25,7 +27,6 @@ from aiperf.record.schema import (
     TrialEndRecord,
     TrialStartRecord,
     TrialStatus,
-    of_type,
     run_records,
 )
 
@@ -162,43 +163,65 @@ def score_timeline(records: Iterable[Record], interval_s: float | None = None) -
     :func:`compute_score` does for a run whose recorded end is ``t``; the last point, at the
     ledger's last record, is the run's score.
     """
-    records = list(records)
-    end = max((float(r.t) for r in records), default=0.0)
-    if end <= 0:
-        return []
-    if interval_s is None:
-        interval_s = end / TIMELINE_POINTS
-    if not interval_s > 0:
-        raise ValueError(f"interval_s must be positive, got {interval_s}")
-    epochs = sorted(of_type(records, EpochRecord), key=lambda r: float(r.t))
-    epoch_t = [float(r.t) for r in epochs]
-    cumulative: list[float] = []
-    best_so_far: list[float | None] = []
-    ops, best = 0.0, None
-    for r in epochs:
-        ops += _number(r.ops)
-        if r.val_acc is not None:
-            best = float(r.val_acc) if best is None else max(best, float(r.val_acc))
-        cumulative.append(ops)
-        best_so_far.append(best)
-    count = math.ceil(end / interval_s - 1e-9)
-    points: list[TimelinePoint] = []
-    for k in range(1, count + 1):
-        t = min(k * interval_s, end)
-        done = bisect.bisect_right(epoch_t, t)
-        total = cumulative[done - 1] if done else 0.0
-        acc = best_so_far[done - 1] if done else None
-        rate = _rate(total, t)
-        points.append(
-            {
-                "t": t,
-                "total_ops": total,
-                "ops_per_s": rate,
-                "best_val_acc": acc,
-                "regulated": rate * quality_factor(acc),
-            }
-        )
-    return points
+    timeline = TimelineTally()
+    for record in records:
+        timeline.add(record)
+    return timeline.points(interval_s)
+
+
+class TimelineTally:
+    """:func:`score_timeline` kept record by record, as three numbers per epoch and no records.
+
+    A reader that streams a ledger (``results.load``) adds each record as it comes and holds
+    24 bytes per epoch; :func:`score_timeline` is this over a list, so both give one curve.
+    """
+
+    def __init__(self) -> None:
+        self.end = 0.0  # the latest record's time
+        self._t, self._ops, self._acc = array("d"), array("d"), array("d")  # per epoch; NaN: no val_acc
+
+    def add(self, record: Record) -> None:
+        self.end = max(self.end, float(record.t))
+        if isinstance(record, EpochRecord):
+            self._t.append(float(record.t))
+            self._ops.append(_number(record.ops))
+            self._acc.append(math.nan if record.val_acc is None else float(record.val_acc))
+
+    def points(self, interval_s: float | None = None) -> list[TimelinePoint]:
+        """The curve at every ``interval_s`` up to the latest record (default: ``TIMELINE_POINTS`` points)."""
+        end = self.end
+        if end <= 0:
+            return []
+        if interval_s is None:
+            interval_s = end / TIMELINE_POINTS
+        if not interval_s > 0:
+            raise ValueError(f"interval_s must be positive, got {interval_s}")
+        order = np.argsort(_floats(self._t), kind="stable")  # epochs at the same time stay in file order
+        epoch_t = _floats(self._t)[order]
+        cumulative = np.cumsum(_floats(self._ops)[order])  # summed one by one in time order
+        best = np.fmax.accumulate(_floats(self._acc)[order])  # NaN until the first val_acc
+        count = math.ceil(end / interval_s - 1e-9)
+        points: list[TimelinePoint] = []
+        for k in range(1, count + 1):
+            t = min(k * interval_s, end)
+            done = int(np.searchsorted(epoch_t, t, side="right"))
+            total = float(cumulative[done - 1]) if done else 0.0
+            acc = float(best[done - 1]) if done and not math.isnan(best[done - 1]) else None
+            rate = _rate(total, t)
+            points.append(
+                {
+                    "t": t,
+                    "total_ops": total,
+                    "ops_per_s": rate,
+                    "best_val_acc": acc,
+                    "regulated": rate * quality_factor(acc),
+                }
+            )
+        return points
+
+
+def _floats(values: array) -> np.ndarray:
+    return np.frombuffer(values, dtype=np.float64) if len(values) else np.zeros(0)
 
 
 def format_ops(value: float, unit: str = "OPS") -> str:

@@ -19,18 +19,15 @@ from __future__ import annotations
 
 import bisect
 import heapq
-import math
-from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from aiperf.errors import AiperfError
-from aiperf.metrics.score import TIMELINE_POINTS, TimelinePoint, quality_factor
+from aiperf.metrics.score import TimelinePoint, TimelineTally
 from aiperf.record.ledger import LEDGER_NAME, iter_ledger
 from aiperf.record.schema import (
     AuditRecord,
@@ -304,51 +301,6 @@ def _workers(records: list[Record]) -> pd.DataFrame:
     return pd.DataFrame([_worker_row(r) for r in records if isinstance(r, WorkerRecord)], columns=_WORKER_COLUMNS)
 
 
-class _Timeline:
-    """What :func:`aiperf.metrics.score.score_timeline` reads of the records, as three numbers per epoch."""
-
-    def __init__(self) -> None:
-        self.end = 0.0
-        self.t, self.ops, self.acc = array("d"), array("d"), array("d")
-
-    def add(self, r: Record) -> None:
-        self.end = max(self.end, float(r.t))
-        if isinstance(r, EpochRecord):
-            self.t.append(float(r.t))
-            self.ops.append(float(r.ops) if r.ops is not None else 0.0)
-            self.acc.append(float(r.val_acc))
-
-    def points(self) -> list[TimelinePoint]:
-        """``score_timeline(records)``, the same figures from the arrays."""
-        end = self.end
-        if end <= 0:
-            return []
-        interval_s = end / TIMELINE_POINTS
-        t = np.frombuffer(self.t, dtype=np.float64) if len(self.t) else np.zeros(0)
-        order = np.argsort(t, kind="stable")
-        epoch_t = t[order]
-        cumulative = np.cumsum(np.frombuffer(self.ops, dtype=np.float64)[order]) if len(order) else np.zeros(0)
-        best = np.maximum.accumulate(np.frombuffer(self.acc, dtype=np.float64)[order]) if len(order) else np.zeros(0)
-        count = math.ceil(end / interval_s - 1e-9)
-        points: list[TimelinePoint] = []
-        for k in range(1, count + 1):
-            at = min(k * interval_s, end)
-            done = int(np.searchsorted(epoch_t, at, side="right"))
-            total = float(cumulative[done - 1]) if done else 0.0
-            acc = float(best[done - 1]) if done else None
-            rate = total / at if at > 0 else 0.0
-            points.append(
-                {
-                    "t": at,
-                    "total_ops": total,
-                    "ops_per_s": rate,
-                    "best_val_acc": acc,
-                    "regulated": rate * quality_factor(acc),
-                }
-            )
-        return points
-
-
 def master_time(records: Sequence[Record], walls: list[float]) -> list[float]:
     """Map Unix times onto the ledger's master clock, using the latest record written before each."""
     return _master_time(sorted((r.wall, r.wall - r.t) for r in records), walls)
@@ -431,7 +383,7 @@ def load(run_dir: str | Path, max_rows: int = MAX_ROWS, digest: RunDigest | None
     epochs = _Sample(max_rows)
     trials = _Trials(max_rows)
     workers: list[dict[str, Any]] = []
-    timeline = _Timeline()
+    timeline = TimelineTally()
     anchors = _Anchors()
     last_run: Record | None = None
     audits: list[Record] = []

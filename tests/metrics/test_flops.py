@@ -424,3 +424,22 @@ def test_the_memo_gives_what_a_fresh_count_gives_whatever_the_dropout():
     mixed = {memo(g).train_per_image(8) for g in cases[3:5]} | {memo(plain).train_per_image(8)}
     assert len(mixed) == 3 and memo(plain.with_dropout(0.3)).train_per_image(8) > max(mixed)
     assert len(memo._costs) <= 2
+
+
+def test_a_morph_child_counts_again_only_the_layers_it_changed(monkeypatch):
+    """Nodes a child shares with its parent keep their counts (Node.recall); the totals are a fresh count's."""
+    import aiperf.metrics.flops as flops
+    from nas.morph import apply_morph, candidate_morphs
+    from nas.serialize import graph_from_dict, graph_to_dict
+
+    parent = zoo.small_resnet()
+    count_flops(parent)
+    counted, real = [], flops._layer_cost
+    monkeypatch.setattr(flops, "_layer_cost", lambda graph, n, flows: counted.append(n) or real(graph, n, flows))
+    for morph in candidate_morphs(parent)[::3]:  # deeper, wider and skips, all over the net
+        child, _ = apply_morph(parent, morph)
+        counted.clear()
+        cost = count_flops(child)
+        assert len(counted) < len(child), morph
+        assert cost == count_flops(graph_from_dict(graph_to_dict(child)))  # new nodes: everything counted
+    assert counted

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import copy
+import math
 import pickle
 
+import numpy as np
 import pytest
 
 from nas import zoo
 from nas.errors import NasError
 from nas.graph import MAX_CHANNELS, MAX_NODES, OPS, Graph, GraphBuilder, Node, make_node
+from nas.morph import apply_morph, candidate_morphs, random_morph
+from nas.serialize import graph_from_dict, graph_to_dict
 
 
 def head(b: GraphBuilder, x: int, units: int = 3) -> int:
@@ -308,6 +313,62 @@ def test_with_dropout_sets_every_rate_or_adds_one_before_the_classifier():
     assert d.param_count == r.param_count and len(d) == len(r) + 1
     with pytest.raises(NasError, match=r"rate must be in \[0, 1\)"):
         r.with_dropout(1.5)
+
+
+def test_a_new_dropout_rate_derives_nothing_again(monkeypatch):
+    """Only rates change: shapes, counts and the key (which leaves rates out) are the original graph's."""
+    import nas.graph
+
+    g = zoo.small_resnet(dropout=0.1)
+    key = g.key()
+    monkeypatch.setattr(nas.graph, "_infer", lambda *a: pytest.fail("shapes inferred again"))
+    d = g.with_dropout(0.3)
+    assert (
+        d.key() == key and d.param_count == g.param_count and [d.shape(n.id) for n in d] == [g.shape(n.id) for n in g]
+    )
+    monkeypatch.undo()
+    fresh = Graph([make_node(n.id, n.op, n.inputs, n.attrs) for n in d.nodes])  # built from new nodes
+    assert fresh == d and fresh.key() == key and fresh.param_count == d.param_count
+    assert [fresh.shape(n.id) for n in fresh] == [d.shape(n.id) for n in d]
+
+
+def _child_and_fresh(graph: Graph, rng: np.random.Generator) -> tuple[Graph, Graph]:
+    """A random morph child of ``graph`` (sharing its unchanged nodes) and the same graph built from new nodes."""
+    child, _ = random_morph(graph, rng)
+    return child, graph_from_dict(graph_to_dict(child))
+
+
+def test_what_nodes_remember_is_what_a_graph_of_new_nodes_derives():
+    rng = np.random.default_rng(0)
+    graph = zoo.small_resnet()
+    for _ in range(40):  # deeper, wider and skips, each child grown from the last
+        child, fresh = _child_and_fresh(graph, rng)
+        assert child.key() == fresh.key() and child.param_count == fresh.param_count
+        assert [child.shape(n.id) for n in child] == [fresh.shape(n.id) for n in fresh]
+        graph = child
+
+
+def test_a_morph_child_infers_only_the_shapes_of_the_nodes_it_changed(monkeypatch):
+    import nas.graph
+
+    parent = zoo.small_resnet()
+    parent.key()
+    inferred, real = [], nas.graph._infer
+    monkeypatch.setattr(nas.graph, "_infer", lambda node, shapes: inferred.append(node) or real(node, shapes))
+    deeper = [m for m in candidate_morphs(parent) if m.kind == "deeper" and len(parent.shape(m.target)) == 3]
+    child, _ = apply_morph(parent, deeper[-1])  # a layer near the end: the nodes before it are shared
+    new = [n for n in child.nodes if not any(n is p for p in parent.nodes)]
+    assert inferred == new and 0 < len(new) < len(child) // 4
+
+
+def test_a_copy_or_a_pickle_of_a_node_remembers_nothing():
+    g = zoo.small_resnet()
+    g.key()
+    node = g.nodes[3]
+    remembered = (g.shape(node.id), sum(math.prod(s) for s in g.weight_shapes(node.id)))
+    assert node.recall("shape", (g.shape(node.inputs[0]),)) == remembered  # what building the graph derived
+    for other in (pickle.loads(pickle.dumps(node)), copy.deepcopy(node)):
+        assert other == node and other.recall("shape", (g.shape(node.inputs[0]),)) is None
 
 
 # --- seeds --------------------------------------------------------------------------------------------

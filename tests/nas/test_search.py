@@ -281,6 +281,25 @@ def test_running_aggregates_match_a_rescan_of_every_trial():
     assert max(trials_per_key.values()) >= 3  # re-tunes repeated architectures
 
 
+def test_forgetting_the_running_trials_of_a_much_retuned_architecture_does_not_rescan_them_each(monkeypatch):
+    """The run's end forgets every running trial in proposal order: with thousands of equal partial results
+    on the seed (every start-up tune), finding the next lead after each one was quadratic."""
+    search = AutoMLSearch(_settings(retune_fraction=1.0), SEED, LIMITS)
+    ids = [f"t{k:03d}" for k in range(200)]
+    for trial_id in ids:
+        search.ask(trial_id)
+    key = search._trials[ids[0]].key
+    assert {search._trials[t].key for t in ids} == {key}  # the seed and its re-tunes
+    for trial_id in ids:
+        search.tell(trial_id, 0.5, False)  # equal leads
+    looked, real = [], search._lead_key
+    monkeypatch.setattr(search, "_lead_key", lambda trial_id: looked.append(trial_id) or real(trial_id))
+    for trial_id in ids:
+        search.forget(trial_id)
+        assert search._status(key) == _rescanned_status(search, key)
+    assert len(looked) < 2 * len(ids), len(looked)
+
+
 # --- quality --------------------------------------------------------------------------------
 
 
