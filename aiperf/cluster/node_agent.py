@@ -7,9 +7,10 @@ process of its own (started with ``spawn``, its accelerators chosen by ``CUDA_VI
 before any framework loads), so the cluster has one actor per node and the workers keep what
 one process per accelerator gives them: their own framework state and device.
 
-The agent is also its node's weight keeper (:mod:`aiperf.cluster.node_weights`): it fetches the
-weights a trial is sent, hands the arrays to the slot's process, and puts each set the process
-sends back into the node's object store, where it owns them.
+The agent fetches the weights a trial is sent and hands the arrays to the slot's process; each set
+the process sends back goes to the node's weight keeper (:mod:`aiperf.cluster.node_weights`), which
+owns it, as it does for workers that are actors of their own. So a node has two actors: its agent
+and its keeper.
 
 A slot's process that dies ends its trial's stream with :class:`SlotLost` -- the pool treats it
 as a lost worker, like a dead actor -- and the pool may start the slot again on the same agent.
@@ -29,7 +30,7 @@ from collections.abc import Generator
 from typing import Any
 
 from aiperf.cluster.messages import EpochReport, TrialDone, TrialMessage, TrialStarted
-from aiperf.cluster.node_weights import WeightSource, resolve_start, weights_nbytes
+from aiperf.cluster.node_weights import WeightSource, resolve_start, store_on_node
 from aiperf.datasets.base import Dataset
 from aiperf.errors import first_line
 from aiperf.training.trial import TrialSpec
@@ -139,9 +140,16 @@ class _SlotProcess:
 class NodeAgent:
     """The Ray actor of one node (threaded: each slot's request runs on a thread of its own)."""
 
-    def __init__(self, shares: dict[int, float]) -> None:
-        """``shares``: each slot's accelerator share by key, in the order they are cut from the agent's accelerators."""
+    def __init__(self, shares: dict[int, float], keeper: Any = None) -> None:
+        """``shares``: each slot's accelerator share by key, in the order they are cut from the agent's accelerators.
+
+        ``keeper``: the node's :class:`~aiperf.cluster.node_weights.WeightKeeper`, which owns the sets the agent's
+        workers produce (a set the agent put itself and yielded was freed under the master: Ray 2.60 raised
+        ``ReferenceCountingAssertionError`` collecting it, and children waited on their parents for the fetch timeout).
+        """
         import ray
+
+        self._keeper = keeper
 
         self._node = ray.get_runtime_context().get_node_id()
         ids = [str(i) for i in ray.get_gpu_ids()]
@@ -218,15 +226,14 @@ class NodeAgent:
                 if isinstance(value, TrialStarted) and start.fallback:
                     value.weights_lost, value.inherited = start.fallback, start.inherited
                 elif isinstance(value, (EpochReport, TrialDone)) and isinstance(value.weights, dict):
-                    value.weights = self._keep(value.weights)
+                    value.weights = self._keep(value.weights, slot.worker_id)
                 yield value
 
-    def _keep(self, weights: dict) -> Any:
-        import ray
-
-        from aiperf.cluster.messages import StoredWeights
-
-        return StoredWeights(ref=ray.put(weights), node=self._node, owner="node agent", nbytes=weights_nbytes(weights))
+    def _keep(self, weights: dict, worker: str) -> Any:
+        stored = store_on_node(weights, self._keeper, self._node, worker)
+        if stored.owner != "weight keeper":
+            self._keeper = None  # it did not answer: later sets stay with the agent, without waiting
+        return stored
 
     def alive(self, key: int) -> bool:
         """The master's liveness question for one slot: its process must still exist."""

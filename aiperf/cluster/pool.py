@@ -348,7 +348,7 @@ class RayWorkerPool(WorkerPool):
                 # A thread per queued trial (each waits for its slot), one for the slot's start, one for a question.
                 max_concurrency=(self._queue_depth + 2) * len(group) + AGENT_SPARE_THREADS,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-            ).remote({s.index: s.gpus for s in group})
+            ).remote({s.index: s.gpus for s in group}, self._keeper(node_id))
             agent = _Agent(actor, node_id, frozenset(s.index for s in group))
             self._agents.append(agent)
             placed.extend((s, agent) for s in group)

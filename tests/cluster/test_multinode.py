@@ -273,3 +273,32 @@ def test_master_death_then_resume_continues_the_same_run(tmp_path):
     finally:
         for p in _alive(family):
             p.kill()
+
+
+def test_node_agents_on_two_nodes_keep_every_worker_fed_and_children_find_their_parents(cluster, tmp_path):
+    # cluster.actors=per_node across real nodes: a child's parent lives in the other node's object store.
+    # Sets the agent put itself were freed under the master (ReferenceCountingAssertionError on collecting
+    # them) and children then waited on their parents: one slot per node starved (6 trials against 67).
+    cluster.env["AIPERF_NODE_CPUS"] = "2"
+    cluster.sh("start", "3")  # a head without CPUs and two 2-CPU nodes: two workers per node agent
+    results = tmp_path / "results"
+    run = start_cli(
+        "run", "--config", "smoke", "--set", "cluster.actors=per_node", "--set", "run.time_budget_s=60",
+        "--set", f"run.results_dir={results}",
+        env=cluster.driver_env(),
+    )  # fmt: skip
+    with killed_if_left(run):
+        out, _ = run.communicate(timeout=300)
+    assert run.returncode == 0, out[-3000:]
+    assert "could not be collected" not in out, out[-3000:]
+    records = read_raw_ledger(next(results.iterdir()))
+    _check_ledger_consistent(records)
+    assert records[0]["plan"]["actors"] == "per_node" and records[0]["plan"]["concurrency"] == 4
+    starts = [r for r in records if r["type"] == "trial_start"]
+    per_worker = Counter(r["worker"] for r in starts)
+    assert len(per_worker) == 4 and min(per_worker.values()) >= max(per_worker.values()) / 3, per_worker
+    assert len({r["node"] for r in starts}) == 2
+    assert not [r for r in starts if r.get("weights_lost")], "a parent's weights could not be fetched"
+    assert [r for r in starts if r["inherit"]], "no child inherited"
+    kept = [r for r in records if r["type"] == "weights"]
+    assert kept and {r["trial"] for r in kept} <= {r["trial"] for r in starts}
