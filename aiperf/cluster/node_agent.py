@@ -30,7 +30,7 @@ from collections.abc import Generator
 from typing import Any
 
 from aiperf.cluster.messages import EpochReport, TrialDone, TrialMessage, TrialStarted
-from aiperf.cluster.node_weights import WeightSource, resolve_start, store_on_node
+from aiperf.cluster.node_weights import NodeStore, WeightSource, resolve_start
 from aiperf.datasets.base import Dataset
 from aiperf.errors import first_line
 from aiperf.training.trial import TrialSpec
@@ -149,9 +149,8 @@ class NodeAgent:
         """
         import ray
 
-        self._keeper = keeper
-
         self._node = ray.get_runtime_context().get_node_id()
+        self._store = NodeStore(keeper, self._node)
         ids = [str(i) for i in ray.get_gpu_ids()]
         cut = device_shares(list(shares.values()), ids)
         self._devices = {key: (",".join(d) if ids else None) for key, d in zip(shares, cut, strict=True)}
@@ -226,14 +225,8 @@ class NodeAgent:
                 if isinstance(value, TrialStarted) and start.fallback:
                     value.weights_lost, value.inherited = start.fallback, start.inherited
                 elif isinstance(value, (EpochReport, TrialDone)) and isinstance(value.weights, dict):
-                    value.weights = self._keep(value.weights, slot.worker_id)
+                    value.weights = self._store.store(value.weights, slot.worker_id)
                 yield value
-
-    def _keep(self, weights: dict, worker: str) -> Any:
-        stored = store_on_node(weights, self._keeper, self._node, worker)
-        if stored.owner != "weight keeper":
-            self._keeper = None  # it did not answer: later sets stay with the agent, without waiting
-        return stored
 
     def alive(self, key: int) -> bool:
         """The master's liveness question for one slot: its process must still exist."""

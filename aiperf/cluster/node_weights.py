@@ -38,6 +38,7 @@ FETCH_TIMEOUT_S = 120.0
 KEEP_TIMEOUT_S = 10.0
 
 WeightSource = Weights | StoredWeights | None
+KEEPER_OWNER = "weight keeper"  # StoredWeights.owner of a set its node's keeper holds
 
 
 class WeightKeeper:
@@ -85,10 +86,32 @@ def store_on_node(weights: Weights, keeper: Any, node: str, worker: str) -> Stor
     if keeper is not None:
         try:
             [ref] = ray.get(keeper.keep.remote(weights), timeout=KEEP_TIMEOUT_S)
-            return StoredWeights(ref=ref, node=node, owner="weight keeper", nbytes=nbytes)
+            return StoredWeights(ref=ref, node=node, owner=KEEPER_OWNER, nbytes=nbytes)
         except Exception as exc:  # the keeper died (its process, not the node): this worker owns the set
             logger.warning(f"worker {worker}: the node's weight keeper did not answer ({first_line(exc, 160)})")
     return StoredWeights(ref=ray.put(weights), node=node, owner=f"worker {worker}", nbytes=nbytes)
+
+
+class NodeStore:
+    """Where one process's weight sets go: its node's keeper while the keeper answers, else the process itself.
+
+    A keeper that did not answer once is not asked again, so no later epoch waits on it.
+    """
+
+    def __init__(self, keeper: Any, node: str = "") -> None:
+        self.keeper = keeper
+        self.node = node
+
+    def reach(self) -> None:
+        """Ask the keeper once at start (its address is then known before any trial)."""
+        if self.keeper is not None and not reach_keeper(self.keeper):
+            self.keeper = None
+
+    def store(self, weights: Weights, worker: str) -> StoredWeights:
+        stored = store_on_node(weights, self.keeper, self.node, worker)
+        if stored.owner != KEEPER_OWNER:
+            self.keeper = None
+        return stored
 
 
 class WeightsLost(Exception):

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiperf.cluster.messages import EpochReport, EventKind, StoredWeights, TrialDone, TrialStarted
-from aiperf.cluster.node_weights import WeightsLost, WeightSource, resolve_start
+from aiperf.cluster.node_weights import KEEPER_OWNER, WeightsLost, WeightSource, resolve_start
 from aiperf.cluster.plan import Plan, Slot
 from aiperf.cluster.pool import FreeWorkers, PoolEvent, WorkerPool
 from aiperf.training.trial import TrialSpec
@@ -185,7 +185,7 @@ class SimulatedWorkerPool(WorkerPool):
 
     def _weights(self, w: _SimWorker) -> dict | StoredWeights:
         """What a trial on ``w`` reports as its weights: nothing to hold, or a reference on its node."""
-        return StoredWeights(ref=None, node=w.node, owner="weight keeper", nbytes=0) if self.weights_on_nodes else {}
+        return StoredWeights(ref=None, node=w.node, owner=KEEPER_OWNER, nbytes=0) if self.weights_on_nodes else {}
 
     def _fetch(self, source: WeightSource, timeout: float = 0.0) -> Any:
         if isinstance(source, StoredWeights):

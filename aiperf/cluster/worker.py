@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from aiperf.cluster.messages import BadImagesReport, EpochReport, TrialDone, TrialMessage, TrialStarted
-from aiperf.cluster.node_weights import WeightSource, reach_keeper, resolve_start, store_on_node
+from aiperf.cluster.node_weights import NodeStore, WeightSource, resolve_start
 from aiperf.datasets.base import Dataset
 from aiperf.training.trial import TrialSpec
 
@@ -231,8 +231,7 @@ class RayTrialWorker:
         self._args: tuple[str, Dataset, WorkerSettings] | None = (worker_id, dataset, settings)
         self._worker: TrialWorker | None = None
         self._failed: Exception | None = None
-        self._keeper = keeper  # the node's WeightKeeper: the weights this worker produces stay on its node
-        self._node = ""
+        self._store = NodeStore(keeper)  # the node's WeightKeeper: the weights this worker produces stay on its node
 
     def _built(self) -> TrialWorker:
         if self._worker is not None:
@@ -249,8 +248,7 @@ class RayTrialWorker:
 
     def info(self) -> dict[str, Any]:
         info = self._built().info()
-        if self._keeper is not None and not reach_keeper(self._keeper):
-            self._keeper = None  # this worker keeps its own sets
+        self._store.reach()
         return info
 
     def run_trial(
@@ -260,12 +258,9 @@ class RayTrialWorker:
         worker = self._built()
         for message in worker.run_trial(spec, parent_weights, resume_weights):
             if isinstance(message, (EpochReport, TrialDone)) and isinstance(message.weights, dict):
-                if not self._node:
-                    self._node = worker.info()["node"]
-                stored = store_on_node(message.weights, self._keeper, self._node, worker.worker_id)
-                if stored.owner != "weight keeper":
-                    self._keeper = None  # it did not answer: later sets stay with this worker, without waiting
-                message.weights = stored
+                if not self._store.node:
+                    self._store.node = worker.info()["node"]
+                message.weights = self._store.store(message.weights, worker.worker_id)
             yield message
 
     def stats(self) -> dict[str, Any]:
