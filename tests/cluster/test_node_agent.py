@@ -55,7 +55,7 @@ def test_a_run_with_one_actor_per_node_survives_a_worker_process_killed_mid_tria
         deadline = time.monotonic() + 240
         victims: list[psutil.Process] = []
         while time.monotonic() < deadline and run.poll() is None:
-            runs = list(results.iterdir()) if results.exists() else []
+            runs = [p for p in results.iterdir() if (p / "ledger.jsonl").exists()] if results.exists() else []
             epochs = [r for r in read_raw_ledger(runs[0]) if r["type"] == "epoch"] if runs else []
             victims = _agent_children(run)
             if len(epochs) >= 2 and len(victims) == 2:
