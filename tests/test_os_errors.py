@@ -217,7 +217,9 @@ def test_a_disk_that_fills_during_a_real_run_loses_nothing_and_resumes(disk):
     """The issue's case 3: results on a 3 MB tmpfs that fills while the run goes."""
     root = disk.mount("3m")
     disk.fill(leave_bytes=24 * 1024)
-    proc = _cli("run", "--config", "smoke", "--set", f"run.results_dir={root}", "--set", "run.time_budget_s=20")
+    # The first session stops at ENOSPC within seconds; the resumed one continues the same clock, so the
+    # budget must leave it time to start its workers and finish an epoch on a loaded box (20 s did not in CI).
+    proc = _cli("run", "--config", "smoke", "--set", f"run.results_dir={root}", "--set", "run.time_budget_s=50")
     line = _one_line(proc, 1, "ENOSPC", "--resume")
     (run_dir,) = [p for p in root.iterdir() if p.is_dir()]
     assert str(run_dir / "ledger.jsonl") in line or str(run_dir) in line
