@@ -9,6 +9,14 @@ Optuna's TPE re-reads every trial of its study on each ask, so an unbounded stud
 each ask slower as a run goes on; the tuner keeps the study bounded instead (the best and
 the latest results and the latest running trials, rebuilt periodically), so a long run's
 master does not slow down.
+
+Until the study holds ``N_STARTUP`` results TPE samples every parameter independently and
+uniformly (Optuna's ``RandomSampler``); the tuner draws those samples itself, outside the
+study, because an Optuna ask cost 0.33 ms of bookkeeping for them -- a fifth of the start-up
+fill at 65,536 workers, where tens of thousands of re-tunes are asked before any trial ends
+(benchmarks/RESULTS.md, "Start-up re-tunes sampled outside Optuna"). Their results are added
+to the study when told, and the first TPE ask after them rebuilds the study so that the latest
+of them that still run are in it as constant-liar lies.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ KEEP_BEST = 32  # TPE's default split puts at most 25 trials in its "good" group
 KEEP_RECENT = 224
 KEEP_RUNNING = 128
 REBUILD_EVERY = 128
+N_STARTUP = 10  # results before TPE models anything (Optuna's default, passed explicitly)
 N = TypeVar("N", int, float)
 
 
@@ -184,6 +193,9 @@ class HyperparameterTuner:
         self.rebuilds = 0
         self._study = self._new_study()
         self._study_trials = 0
+        self._study_results = 0  # completed trials in the current study: TPE models once there are N_STARTUP
+        self._random = np.random.default_rng(np.random.SeedSequence([seed, 0x5EED]))
+        self._lies_missing = False  # running trials asked outside the study since the last rebuild
 
     def _new_study(self) -> optuna.Study:
         seed = (
@@ -193,19 +205,40 @@ class HyperparameterTuner:
         )
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            sampler = optuna.samplers.TPESampler(seed=seed, constant_liar=True, multivariate=True)
+            sampler = optuna.samplers.TPESampler(
+                seed=seed, constant_liar=True, multivariate=True, n_startup_trials=N_STARTUP
+            )
         return optuna.create_study(direction="maximize", sampler=sampler)
 
     def ask(self, trial_id: str) -> dict[str, Any]:
         """Sample hyperparameters for ``trial_id`` (it stays running in TPE until told or failed)."""
         if trial_id in self._running:
             raise NasError(f"trial {trial_id} already has hyperparameters")
+        if self._study_results < N_STARTUP:  # what TPE would do, without Optuna's bookkeeping
+            params = {name: self._uniform(dist) for name, dist in self._distributions.items()}
+            self._running[trial_id] = _Running(params, None)
+            self._lies_missing = True
+            return normalise_hparams(params)
+        if self._lies_missing:
+            self._rebuild()  # the latest of the trials asked outside the study join it as lies
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             trial = self._study.ask(self._distributions)
         self._running[trial_id] = _Running(dict(trial.params), trial.number)
         self._grew()
         return normalise_hparams(trial.params)
+
+    def _uniform(self, dist: BaseDistribution) -> Any:
+        """One independent uniform draw, as Optuna's RandomSampler makes it (log scale where the distribution is)."""
+        rng = self._random
+        if isinstance(dist, CategoricalDistribution):
+            return dist.choices[int(rng.integers(len(dist.choices)))]
+        if isinstance(dist, IntDistribution):
+            return int(rng.integers(dist.low, dist.high + 1))
+        assert isinstance(dist, FloatDistribution)
+        if dist.log:
+            return float(math.exp(rng.uniform(math.log(dist.low), math.log(dist.high))))
+        return float(rng.uniform(dist.low, dist.high))
 
     def is_running(self, trial_id: str) -> bool:
         return trial_id in self._running
@@ -217,9 +250,10 @@ class HyperparameterTuner:
         value = float(value)
         if running.number is not None:
             self._study.tell(running.number, value)
-        else:  # asked before the last rebuild, which left it out: its result still counts
+        else:  # asked outside the study, or before the last rebuild, which left it out: its result still counts
             self._study.add_trial(create_trial(params=running.params, distributions=self._distributions, value=value))
             self._grew()
+        self._study_results += 1
         self._record(running.params, value)
 
     def fail(self, trial_id: str) -> None:
@@ -235,6 +269,7 @@ class HyperparameterTuner:
             self._study.add_trial(frozen)
         except ValueError:
             return False
+        self._study_results += 1
         self._grew()
         self._record(params, float(value))
         return True
@@ -293,3 +328,5 @@ class HyperparameterTuner:
             running.number = number
         self._study = study
         self._study_trials = len(kept) + len(carried)
+        self._study_results = len(kept)
+        self._lies_missing = False

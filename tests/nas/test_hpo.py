@@ -208,3 +208,49 @@ def test_bad_history_bounds_are_one_line_errors():
         HyperparameterTuner(SPACE, seed=0, keep_best=0)
     with pytest.raises(NasError, match="rebuild_every"):
         HyperparameterTuner(SPACE, seed=0, rebuild_every=1.5)
+
+
+def test_asks_before_any_result_are_uniform_draws_over_the_space_as_tpe_would_make_them():
+    """Start-up asks are sampled outside Optuna: independent, uniform on the log scale where the space is."""
+    tuner = HyperparameterTuner(SPACE, seed=5)
+    draws = [tuner.ask(f"s{k}") for k in range(4000)]
+    assert all(_inside(h) for h in draws) and tuner.study_trials == 0  # none went through Optuna
+    logs = sorted(math.log(h["learning_rate"]) for h in draws)
+    middle = (math.log(SPACE.learning_rate[0]) + math.log(SPACE.learning_rate[1])) / 2
+    assert abs(logs[len(logs) // 2] - middle) < 0.15  # the median of a log-uniform draw
+    dropouts = sorted(h["dropout"] for h in draws)
+    assert abs(dropouts[len(dropouts) // 2] - 0.25) < 0.02
+    for key, choices in (("batch_size", SPACE.batch_sizes), ("kernel_size", SPACE.kernel_sizes)):
+        counts = [sum(h[key] == c for h in draws) for c in choices]
+        assert min(counts) > 0.8 * len(draws) / len(choices), (key, counts)
+    assert {h["epochs"] for h in draws} == set(range(SPACE.epochs[0], SPACE.epochs[1] + 1))
+    assert len({h["learning_rate"] for h in draws}) == len(draws)
+    again = HyperparameterTuner(SPACE, seed=5)
+    assert [again.ask(f"s{k}") for k in range(50)] == draws[:50]
+
+
+def test_once_results_arrive_tpe_models_them_and_the_trials_still_running_are_its_lies():
+    tuner = HyperparameterTuner(SPACE, seed=9)
+    early = [f"s{k}" for k in range(300)]
+    for trial in early:
+        tuner.ask(trial)
+    for trial in early[:10]:  # enough results for TPE; 290 trials asked outside the study still run
+        tuner.tell(trial, 0.5)
+    tuner.ask("first-tpe")
+    running = [t for t in tuner._study.trials if t.state.name == "RUNNING"]
+    # The latest of the outside trials (up to keep_running) joined the study as lies, plus the new ask.
+    assert len(running) == 128 + 1
+    for trial in early[10:]:  # every outside trial can still be told or failed
+        if trial.endswith("7"):
+            tuner.tell(trial, 0.4)
+        else:
+            tuner.fail(trial)
+    assert tuner.completed == 10 + sum(t.endswith("7") for t in early[10:])
+    # and TPE learns from then on: the later asks gather where results are good
+    tuner.fail("first-tpe")
+    gaps = []
+    for k in range(60):
+        h = tuner.ask(f"t{k}")
+        gaps.append(abs(math.log10(h["learning_rate"]) - math.log10(0.05)))
+        tuner.tell(f"t{k}", 1.0 - gaps[-1])
+    assert sum(gaps[-20:]) / 20 < 0.5 * sum(gaps[:10]) / 10
