@@ -46,6 +46,9 @@ MAX_NODES = 16_384  # as `aiperf scaling --nodes`
 MAX_WORKERS = 131_072  # 16,384 nodes x 8 accelerators
 MAX_SEARCH_BATCH = 4096  # architectures per GP fit: the candidate pool a fit scores is smaller than that
 MAX_AUTO_SEARCH_BATCH = 128  # search.batch auto: concurrent trials / 64, at most this
+MAX_EXPAND_PROCESSES = 256  # search.processes (nas.expand_pool.MAX_PROCESSES)
+AUTO_EXPAND_WORKERS = 1024  # search.processes auto: below this many concurrent trials the start-up is short
+MAX_AUTO_EXPAND_PROCESSES = 16
 ImageSide = Annotated[int, Field(ge=1, le=MAX_SIDE)]
 Channels = Annotated[int, Field(ge=1, le=64)]
 
@@ -268,11 +271,25 @@ class SearchConfig(_Section):
         f" 1 to {MAX_AUTO_SEARCH_BATCH} (docs/search.md)",
     )
 
+    processes: int | Literal["auto"] = Field(
+        "auto",
+        description="other processes of the master's machine expanding the start-up children; auto: none below"
+        f" {AUTO_EXPAND_WORKERS} concurrent trials, else one per free core up to {MAX_AUTO_EXPAND_PROCESSES}"
+        " (docs/search.md)",
+    )
+
     @field_validator("batch")
     @classmethod
     def _batch_range(cls, value: int | str) -> int | str:
         if isinstance(value, int) and not 1 <= value <= MAX_SEARCH_BATCH:
             raise ValueError(f"must be auto or an integer from 1 to {MAX_SEARCH_BATCH}")
+        return value
+
+    @field_validator("processes")
+    @classmethod
+    def _processes_range(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and not 0 <= value <= MAX_EXPAND_PROCESSES:
+            raise ValueError(f"must be auto or an integer from 0 to {MAX_EXPAND_PROCESSES}")
         return value
 
 

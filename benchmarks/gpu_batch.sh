@@ -6,7 +6,7 @@
 # timeout so one slow step cannot take the others' results; what each wrote lands in $OUT.
 #
 #   device run, carry [".whl/site312.tar.xz"]:  bash benchmarks/gpu_batch.sh [STEP...]
-#   steps: busy peak throughput first_step agents (default: all five, in that order)
+#   steps: busy peak throughput first_step agents startup (default: the first five, in that order)
 set -u
 OUT=${OUT:-/tmp/gpu-batch-out}
 mkdir -p "$OUT"
@@ -45,5 +45,13 @@ timeout 240 python3 -m aiperf.cli run --config synthetic --set cluster.actors=pe
 run=$(ls -d /tmp/agents/*/ 2>/dev/null | head -1)
 for f in ledger.jsonl summary.json; do [ -f "$run/$f" ] && cp "$run/$f" "$OUT/agents-$f"; done
 [ -n "$run" ] && timeout 120 python3 -m aiperf.cli verify "$run"
+fi
+if [[ $steps == *" startup "* ]]; then
+echo "== the start-up fill at 65,536 simulated workers by expansion processes (the machine's CPUs, wall clock)"
+nproc
+for p in 0 4 8 15; do
+  OMP_NUM_THREADS=1 timeout 120 python3 benchmarks/scale_sim.py --workers 65536 --trials-per-worker 3 --startup-only \
+      --processes $p --json "$OUT/startup-$p.json"
+done
 fi
 echo "== done"

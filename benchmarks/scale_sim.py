@@ -199,6 +199,9 @@ class TimedProposer(Proposer):
     def restore(self, trial_id: str, proposal: TrialProposal, value: float | None, final: bool) -> None:
         self.inner.restore(trial_id, proposal, value, final)
 
+    def close(self) -> None:
+        self.inner.close()
+
 
 @dataclass
 class WindowRow:
@@ -304,6 +307,7 @@ def simulate(
     cpu_clock: bool = False,
     startup_only: bool = False,
     weights_on_nodes: bool = True,
+    processes: str = "0",
 ) -> ScaleResult:
     budget = trial_s * trials_per_worker
     cfg = load_config(
@@ -314,6 +318,7 @@ def simulate(
             f"run.seed={seed}",
             f"run.time_budget_s={budget}",
             f"search.batch={batch}",
+            f"search.processes={processes}",
         ],
     )
     window_s = window_s or trial_s
@@ -446,6 +451,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=None, help="also write the results here")
     p.add_argument("--batch", default="auto", help="search.batch: architectures per GP fit (auto: workers / 64)")
     p.add_argument(
+        "--processes",
+        default="0",
+        help="search.processes: other processes expanding the start-up children (auto: by workers and cores; with"
+        " them, time the master by the wall clock on a machine with cores to spare, not --cpu-clock)",
+    )
+    p.add_argument(
         "--reward",
         choices=("depth", "bump"),
         default="depth",
@@ -473,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
             profiler.enable()
         r = simulate(
             n, 60 * args.trial_minutes, args.epochs, args.trials_per_worker, args.seed, base / f"w{n}", window_s,
-            args.batch, args.reward, args.cpu_clock, args.startup_only, args.weights_on_nodes,
+            args.batch, args.reward, args.cpu_clock, args.startup_only, args.weights_on_nodes, args.processes,
         )  # fmt: skip
         if profiler:
             profiler.disable()

@@ -3,7 +3,9 @@
 The search never proposes a child over a limit: morphs are drawn with ``limits.admits`` as
 their acceptance test. Training FLOPs are counted by the engine, which injects its counter
 as ``flops_fn`` (the search package must not depend on the engine); without one the FLOPs
-limit is not checked.
+limit is not checked. A counter that other processes use too (the start-up expansion pool)
+may offer ``carry(graph)`` and ``adopt(graph, carried)``, so a count made there is not
+made again here.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from nas.errors import NasError
 from nas.graph import Graph
@@ -41,6 +44,10 @@ class Limits:
         if self.flops_fn is not None and not callable(self.flops_fn):
             raise NasError("limits: flops_fn must be callable (graph -> training FLOPs per image)")
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Another process gets the bounds and the counter, not this process's caches."""
+        return (Limits, (self.max_layers, self.max_params, self.max_flops_per_image, self.flops_fn))
+
     def reason(self, graph: Graph) -> str:
         """Why ``graph`` is over a limit, or ``""`` when it is within all of them (cached by key)."""
         key = graph.key()
@@ -67,6 +74,25 @@ class Limits:
 
     def admits(self, graph: Graph) -> bool:
         return not self.reason(graph)
+
+    def carry(self, graph: Graph) -> Any:
+        """What ``flops_fn`` kept of ``graph``'s count, for another process's :meth:`learn` (None if nothing)."""
+        keep = getattr(self.flops_fn, "carry", None)
+        return keep(graph) if keep is not None else None
+
+    def learn(self, graph: Graph, verdict: str, flops: float | None, carried: Any = None) -> None:
+        """Take the verdict and count another process made of ``graph`` (the same limits there), as if made here."""
+        key = graph.key()
+        if len(self._verdicts) >= _CACHE_ENTRIES:
+            self._verdicts.clear()
+        self._verdicts[key] = verdict
+        if flops is not None:
+            if len(self._flops) >= _CACHE_ENTRIES:
+                self._flops.clear()
+            self._flops[key] = flops
+        adopt = getattr(self.flops_fn, "adopt", None)
+        if carried is not None and adopt is not None:
+            adopt(graph, carried)
 
     def structure_reason(self, graph: Graph) -> str:
         """The cheap part of :meth:`reason` (layers and parameters, no FLOPs count)."""

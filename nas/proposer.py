@@ -75,6 +75,9 @@ class Proposer(ABC):
         it; the search itself keeps no clock, so it stays deterministic under test.
         """
 
+    def close(self) -> None:  # noqa: B027 - a hook: most proposers hold nothing outside this process
+        """The run is over: stop whatever the proposer started beside it (processes)."""
+
     @abstractmethod
     def restore(self, trial_id: str, proposal: TrialProposal, value: float | None, final: bool) -> None:
         """Re-enter a trial read back from the ledger (resume), without proposing anything."""

@@ -40,6 +40,7 @@ import numpy as np
 from nas.bayesian import BayesianMorphSearch
 from nas.defaults import DEFAULT_HPARAMS, SEARCH, STRATEGIES
 from nas.errors import NasError
+from nas.expand_pool import ExpandPool
 from nas.graph import Graph
 from nas.hpo import HyperparameterSpace, HyperparameterTuner, normalise_hparams
 from nas.limits import Limits
@@ -77,6 +78,7 @@ class SearchSettings:
     hparam_space: HyperparameterSpace = field(default_factory=HyperparameterSpace)
     landmarks: int = 32
     batch: int = 1  # architecture children proposed together from one fit (see AutoMLSearch._arch)
+    processes: int = 0  # other processes expanding start-up children (nas.expand_pool); 0: all in this one
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -91,6 +93,7 @@ class SearchSettings:
             ("candidates", 1),
             ("landmarks", 2),
             ("batch", 1),
+            ("processes", 0),
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -167,7 +170,6 @@ class AutoMLSearch(Proposer):
         self.seed_graph = seed_graph
         self.schedule = schedule
         self._progress = 0.0
-        self._rng = np.random.default_rng([settings.seed, 0])
         self.tuner = HyperparameterTuner(settings.hparam_space, seed=settings.seed)
         self._fallback = RandomMorphSearch(
             self._admits_now,
@@ -207,6 +209,7 @@ class AutoMLSearch(Proposer):
         self._waiting_tpe: dict[str, list[str]] = {}  # root -> tune trials finished before it
         self._seed_trial: str | None = None
         self._startup: StartupChildren | None = None  # made at the first start-up child
+        self._expander: ExpandPool | None = None  # its processes, when settings.processes asks for some
         self._queued: deque[Child] = deque()  # children of the last batch, handed out in order
         self._asks = 0  # asks after the seed
         self._tunes = 0
@@ -235,6 +238,13 @@ class AutoMLSearch(Proposer):
 
     def at(self, progress: float) -> None:
         self._progress = min(max(float(progress), 0.0), 1.0)
+
+    def close(self) -> None:
+        if self._expander is not None:
+            if self._startup is not None:
+                self._startup.expand_here()
+            self._expander.close()
+            self._expander = None
 
     def tell(self, trial_id: str, value: float, final: bool) -> None:
         trial = self._active(trial_id)
@@ -289,6 +299,7 @@ class AutoMLSearch(Proposer):
         """A new architecture: grown from a completed one, or from the seed during start-up."""
         if not self._origins:
             return self._startup_child()
+        self.close()  # the start-up is over: its expansion processes are not needed again
         child = self._next_queued()
         if child is None:
             batch = self.strategy.propose_batch(self._origins, self._taken, self.settings.batch)
@@ -335,7 +346,17 @@ class AutoMLSearch(Proposer):
         hparams = dict(self.settings.default_hparams)
         if self._startup is None:
             depth = max(STARTUP_DEPTH, self.settings.max_morphs_per_child)
-            self._startup = StartupChildren(self.seed_graph, self._rng, hparams["kernel_size"], self._admits_now, depth)
+            if self.settings.processes:
+                self._expander = ExpandPool(self.settings.processes, self.limits)
+            self._startup = StartupChildren(
+                self.seed_graph,
+                self.settings.seed,
+                hparams["kernel_size"],
+                self.limits,
+                self._admits_now,
+                depth,
+                self._expander,
+            )
         grown = self._startup.next(self._taken)
         if grown is None:
             return None

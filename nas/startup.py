@@ -13,20 +13,32 @@ passes the limits and is not taken is handed out, then expanded in turn (up to `
 morphs from the seed). So the first wave covers the one-morph neighbourhood, then two morphs,
 and so on, at about one graph build per child however large the wave. A child over the
 limits is not expanded: growth morphs only add layers, parameters and work.
+
+Expanding a node (its morphs, their graphs, keys and FLOPs counts) is most of the start-up
+fill's cost and depends on nothing but the node: each node draws from its own generator,
+seeded by the run's seed and the node's key, so the nodes ahead in the queue can be expanded
+in other processes (:mod:`nas.expand_pool`) while the master hands out children, and the
+children come out the same, in the same order, whatever the number of processes.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 
 from nas.graph import Graph
+from nas.limits import Limits
 from nas.morph import Morph, candidate_morphs, try_morph
 
 Accept = Callable[[Graph], bool]
 Taken = Callable[[str], bool]
+logger = logging.getLogger(__name__)
+LOOKAHEAD_PER_PROCESS = 4  # nodes queued ahead per expanding process, so none waits for the master
 
 
 def interleaved(morphs: list[Morph], rng: np.random.Generator) -> list[Morph]:
@@ -48,45 +60,152 @@ def interleaved(morphs: list[Morph], rng: np.random.Generator) -> list[Morph]:
     return [m for _, m in ranked]
 
 
+@dataclass(frozen=True)
+class Expanded:
+    """One child of an expanded node, with what the limits found (carried back to the master's caches)."""
+
+    graph: Graph
+    morph: Morph
+    judged: bool  # whether the limits were applied where it was expanded (then the three fields below are set)
+    verdict: str = ""  # Limits.reason: "" when within the limits
+    flops: float | None = None
+    carried: Any = None  # the FLOPs counter's own record of the count (Limits.carry)
+
+
+def node_generator(seed: int, graph: Graph) -> np.random.Generator:
+    """The draws of one node's expansion: the same for the same run seed and node, in any process."""
+    return np.random.default_rng([seed, int(graph.key(), 16)])
+
+
+def expand(graph: Graph, kernel: int, seed: int, limits: Limits | None) -> list[Expanded]:
+    """Every child of ``graph`` by one morph, in the node's seeded order; morphs that do not apply are left out.
+
+    With ``limits`` (in another process) each child is also judged; without (here), the master
+    judges only the children it has not seen: about a quarter of them repeat another node's child.
+    """
+    rng = node_generator(seed, graph)
+    out = []
+    for morph in reversed(interleaved(candidate_morphs(graph, kernel, rng=rng), rng)):
+        result = try_morph(graph, morph, None, rng)
+        if result is None:
+            continue
+        child = result[0]
+        child.key()  # computed here, carried in the graph
+        if limits is None:
+            out.append(Expanded(child, morph, judged=False))
+        else:
+            verdict = limits.reason(child)
+            out.append(Expanded(child, morph, True, verdict, limits.flops(child), limits.carry(child)))
+    return out
+
+
+class Expansion(Protocol):
+    def result(self) -> list[Expanded]: ...
+
+
+class Expander(Protocol):
+    """Starts a node's expansion (here, or in another process) and gives it back on ``result()``."""
+
+    lookahead: int
+
+    def start(self, graph: Graph, kernel: int, seed: int, limits: Limits) -> Expansion: ...
+
+
+class _Later:
+    def __init__(self, graph: Graph, kernel: int, seed: int, limits: Limits) -> None:
+        self._args = (graph, kernel, seed, limits)
+
+    def result(self) -> list[Expanded]:
+        graph, kernel, seed, _ = self._args
+        return expand(graph, kernel, seed, None)
+
+
+class InlineExpander:
+    """Expands each node in this process when its children are first wanted."""
+
+    lookahead = 0
+
+    def start(self, graph: Graph, kernel: int, seed: int, limits: Limits) -> Expansion:
+        return _Later(graph, kernel, seed, limits)
+
+
 class StartupChildren:
     """Hands out distinct children of the seed, breadth first (see the module docstring)."""
 
     def __init__(
-        self, seed_graph: Graph, rng: np.random.Generator, kernel_size: int, accept: Accept, max_depth: int
+        self,
+        seed_graph: Graph,
+        seed: int,
+        kernel_size: int,
+        limits: Limits,
+        accept: Accept,
+        max_depth: int,
+        expander: Expander | None = None,
     ) -> None:
-        self._rng = rng
+        self._seed = seed
         self._kernel = kernel_size
+        self._limits = limits
         self._accept = accept
         self._max_depth = max_depth
-        self._queue: deque[tuple[Graph, tuple[Morph, ...]]] = deque([(seed_graph, ())])
-        self._node: tuple[Graph, tuple[Morph, ...]] | None = None
-        self._options: list[Morph] = []
+        self._expander = expander or InlineExpander()
+        # Nodes to expand, each with its morphs from the seed and its expansion once started.
+        self._queue: deque[tuple[Graph, tuple[Morph, ...], Expansion | None]] = deque()
+        self._started = 0  # the first ``_started`` entries of the queue have their expansion started
+        self._children: deque[Expanded] = deque()
+        self._path: tuple[Morph, ...] = ()
         self._seen = {seed_graph.key()}
+        self._enqueue(seed_graph, ())
+
+    def _enqueue(self, graph: Graph, path: tuple[Morph, ...]) -> None:
+        self._queue.append((graph, path, None))
+        self._start_ahead()
+
+    def _start_ahead(self) -> None:
+        while self._started < min(len(self._queue), self._expander.lookahead):
+            graph, path, _ = self._queue[self._started]
+            expansion = self._expander.start(graph, self._kernel, self._seed, self._limits)
+            self._queue[self._started] = (graph, path, expansion)
+            self._started += 1
+
+    def expand_here(self) -> None:
+        """From now on expand nodes in this process (the expander is being closed; what it started is dropped)."""
+        self._expander = InlineExpander()
+        self._queue = deque((graph, path, None) for graph, path, _ in self._queue)
+        self._started = 0
 
     def next(self, taken: Taken) -> tuple[Graph, tuple[Morph, ...]] | None:
         """The next child not ``taken`` and within ``accept``, with the morphs from the seed; None when none is left."""
         while True:
-            if not self._options:
+            if not self._children:
                 if not self._queue:
                     return None
-                self._node = self._queue.popleft()
-                self._options = interleaved(candidate_morphs(self._node[0], self._kernel, rng=self._rng), self._rng)
+                graph, self._path, expansion = self._queue.popleft()
+                if expansion is None:
+                    expansion = self._expander.start(graph, self._kernel, self._seed, self._limits)
+                else:
+                    self._started -= 1
+                self._start_ahead()
+                try:
+                    children = expansion.result()
+                except Exception as exc:  # a broken pool (a process killed) must not end the run
+                    why = f"{type(exc).__name__}: {str(exc)[:200]}"
+                    logger.warning(f"start-up expansion processes failed ({why}); expanding here instead")
+                    self.expand_here()
+                    children = expand(graph, self._kernel, self._seed, None)
+                self._children.extend(children)
                 continue
-            assert self._node is not None
-            graph, path = self._node
-            morph = self._options.pop()
-            result = try_morph(graph, morph, None, self._rng)
-            if result is None:
-                continue
-            child = result[0]
+            item = self._children.popleft()
+            child = item.graph
             key = child.key()
             if key in self._seen:
                 continue
             self._seen.add(key)
+            if item.judged:
+                self._limits.learn(child, item.verdict, item.flops, item.carried)
             if not self._accept(child):
                 continue
-            morphs = (*path, morph)
+            morphs = (*self._path, item.morph)
             if len(morphs) < self._max_depth:
-                self._queue.append((child, morphs))
+                self._enqueue(child, morphs)
             if not taken(key):
                 return child, morphs

@@ -7,6 +7,7 @@ import json
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -130,11 +131,13 @@ def test_corrupt_dataset_file_names_the_file(tmp_path):
     assert "data_batch_1" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def _start_run(tmp_path: Path, budget: int = 120) -> tuple[subprocess.Popen, Path]:
+def _start_run(
+    tmp_path: Path, budget: int = 120, *extra: str, on_poll: Callable[[int], None] | None = None
+) -> tuple[subprocess.Popen, Path]:
+    """A smoke run started in its own session, returned once it has 3 epochs; ``on_poll(pid)`` runs while waiting."""
+    sets = (f"run.results_dir={tmp_path}", f"run.time_budget_s={budget}", *extra)
     proc = subprocess.Popen(
-        aiperf_cmd(
-            "run", "--config", "smoke", "--set", f"run.results_dir={tmp_path}", "--set", f"run.time_budget_s={budget}"
-        ),
+        aiperf_cmd("run", "--config", "smoke", *(arg for name in sets for arg in ("--set", name))),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -144,6 +147,8 @@ def _start_run(tmp_path: Path, budget: int = 120) -> tuple[subprocess.Popen, Pat
     )
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
+        if on_poll is not None:
+            on_poll(proc.pid)
         runs = [p for p in tmp_path.iterdir() if p.is_dir()]
         if runs and (runs[0] / "ledger.jsonl").exists():
             records = read_raw_ledger(runs[0])
@@ -151,17 +156,40 @@ def _start_run(tmp_path: Path, budget: int = 120) -> tuple[subprocess.Popen, Pat
                 return proc, runs[0]
         if proc.poll() is not None:
             pytest.fail(f"the run ended early: {proc.stdout.read()[-2000:]} {proc.stderr.read()[-2000:]}")
-        time.sleep(0.5)
+        time.sleep(0.2)
     proc.kill()
     pytest.fail("no epoch completed within 240 s")
 
 
+def _spawned_in_group(group: int) -> list[int]:
+    """Processes of process group ``group`` started by multiprocessing's spawn (the start-up expansion pool)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[2]) == group and b"multiprocessing" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
 def test_sigterm_stops_cleanly_with_a_summary(tmp_path):
-    proc, run_dir = _start_run(tmp_path)
+    # With a start-up expansion process: the run is searching through it when the signal comes.
+    seen: set[int] = set()
+    proc, run_dir = _start_run(tmp_path, 120, "search.processes=1", on_poll=lambda p: seen.update(_spawned_in_group(p)))
+    assert seen, "search.processes=1 started no expansion process"
     before = read_raw_ledger(run_dir)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-2000:]
+    deadline = time.monotonic() + 15
+    while _spawned_in_group(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _spawned_in_group(proc.pid), "the expansion process outlived the run"
+    start = read_raw_ledger(run_dir)[0]
+    assert start["config"]["search"]["processes"] == 1
     records = read_raw_ledger(run_dir)
     assert records[: len(before)] == before, "records written before the signal changed"
     assert records[-1]["type"] == "run_stop" and records[-1]["status"] == "interrupted"

@@ -19,6 +19,8 @@ TOO_LARGE = [
     ("search.candidates=1000000000", "less than or equal to 100000"),
     ("search.batch=100000", "auto or an integer from 1 to 4096"),
     ("search.batch=0", "auto or an integer from 1 to 4096"),
+    ("search.processes=257", "auto or an integer from 0 to 256"),
+    ("search.processes=-1", "auto or an integer from 0 to 256"),
     ("search.gp_window=1000000000", "less than or equal to 20000"),
     ("search.max_layers=1000000", "less than or equal to 10000"),
     ("search.max_params=100000000000000", "less than or equal to 10000000000000"),
@@ -80,3 +82,18 @@ def test_search_batch_auto_is_one_architecture_per_64_concurrent_trials_up_to_12
 
     assert search_batch(load_config("default"), workers) == batch
     assert search_batch(load_config("default", ["search.batch=7"]), workers) == 7
+
+
+@pytest.mark.parametrize(
+    ("workers", "cores", "processes"), [(2, 64, 0), (1023, 64, 0), (1024, 64, 16), (65_536, 8, 7), (4096, 1, 0)]
+)
+def test_search_processes_auto_starts_expansion_processes_only_for_a_large_first_wave(
+    monkeypatch, workers, cores, processes
+):
+    import os
+
+    from aiperf.engine.search import expand_processes
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
+    assert expand_processes(load_config("default"), workers) == processes
+    assert expand_processes(load_config("default", ["search.processes=3"]), workers) == 3

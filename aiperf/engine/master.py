@@ -274,6 +274,8 @@ class Master:
                     self.progress.maybe_print(self.clock(), running, len(self.active) - running)
         except KeyboardInterrupt:
             status, reason = RunStatus.INTERRUPTED, "interrupted by the user"
+        finally:
+            self.proposer.close()  # nothing more is proposed: its expansion processes go
         if status is RunStatus.COMPLETED and self.epochs_counted == 0 and self.epochs_before == 0:
             # A run that counted nothing has no score: it failed, however cleanly it ended.
             status, reason = RunStatus.FAILED, self._nothing_trained()

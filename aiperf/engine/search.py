@@ -110,6 +110,24 @@ def search_batch(cfg: Config, workers: int) -> int:
     return max(1, min(MAX_AUTO_SEARCH_BATCH, int(workers) // 64))
 
 
+def expand_processes(cfg: Config, workers: int) -> int:
+    """Processes expanding the start-up children: the config's, or for ``auto`` none below
+    AUTO_EXPAND_WORKERS concurrent trials (their start-up takes seconds in this process) and
+    otherwise one per core this process may use beyond its own, at most MAX_AUTO_EXPAND_PROCESSES.
+
+    The processes change when the children are ready, never which they are: proposals are the
+    same for any number (nas.startup).
+    """
+    from aiperf.config import AUTO_EXPAND_WORKERS, MAX_AUTO_EXPAND_PROCESSES
+
+    if cfg.search.processes != "auto":
+        return int(cfg.search.processes)
+    if workers < AUTO_EXPAND_WORKERS:
+        return 0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(0, min(MAX_AUTO_EXPAND_PROCESSES, cores - 1))
+
+
 def search_settings(cfg: Config, plan_batch: int, largest_batch: int | None = None, workers: int = 1) -> SearchSettings:
     """The search part of a config; ``plan_batch`` is the plan's batch size (the default of every trial),
     ``largest_batch`` the biggest batch a trial may ask for (None: no bound), ``workers`` the trials
@@ -145,6 +163,7 @@ def search_settings(cfg: Config, plan_batch: int, largest_batch: int | None = No
         gp_window=s.gp_window,
         candidates=s.candidates,
         batch=search_batch(cfg, workers),
+        processes=expand_processes(cfg, workers),
         default_hparams=defaults,
         hparam_space=space,
     )
@@ -158,7 +177,7 @@ def make_search(
     With the ``dataset`` the trials will train on, no trial asks for a batch its epochs cannot fill.
     ``workers``: the trials that run at once (how many architectures one GP fit proposes).
     """
-    from aiperf.metrics.flops import count_flops_memo
+    from aiperf.metrics.flops import TrainFlopsPerImage
     from nas.limits import Limits
     from nas.search import make_proposer
 
@@ -166,7 +185,7 @@ def make_search(
         cfg.search.max_layers,
         cfg.search.max_params,
         cfg.search.max_flops_per_image,
-        flops_fn=lambda g: count_flops_memo(g).train_per_image(plan_batch),
+        flops_fn=TrainFlopsPerImage(plan_batch),
     )
     reason = limits.reason(seed_graph)
     if reason:

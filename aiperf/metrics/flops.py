@@ -322,11 +322,18 @@ class FlopsMemo:
         self.capacity = capacity
         self._costs: OrderedDict[tuple[str, bool], GraphCost] = OrderedDict()
 
-    def __call__(self, graph: Graph) -> GraphCost:
+    @staticmethod
+    def _key(graph: Graph) -> tuple[str, bool] | None:
+        """(architecture, whether its dropout layers drop); None when its dropout layers disagree (not kept)."""
         dropping = {n.attrs["rate"] > 0 for n in graph.nodes if n.op == "dropout"}
         if len(dropping) > 1:
+            return None
+        return graph.key(), dropping == {True}
+
+    def __call__(self, graph: Graph) -> GraphCost:
+        key = self._key(graph)
+        if key is None:
             return count_flops(graph)
-        key = (graph.key(), dropping == {True})
         cost = self._costs.get(key)
         if cost is None:
             cost = self._costs[key] = count_flops(graph)
@@ -336,8 +343,44 @@ class FlopsMemo:
             self._costs.move_to_end(key)
         return cost
 
+    def peek(self, graph: Graph) -> GraphCost | None:
+        """The remembered count of ``graph``, if any (without counting)."""
+        key = self._key(graph)
+        return None if key is None else self._costs.get(key)
+
+    def adopt(self, graph: Graph, cost: GraphCost) -> None:
+        """Remember ``cost`` for ``graph``: a count another process made (the start-up expansion pool)."""
+        key = self._key(graph)
+        if key is not None:
+            self._costs[key] = cost
+            self._costs.move_to_end(key)
+            if len(self._costs) > self.capacity:
+                self._costs.popitem(last=False)
+
 
 count_flops_memo = FlopsMemo()  # one per process: the search's limit and the master's record share counts
+
+
+class TrainFlopsPerImage:
+    """The search's FLOPs limit: training operations per image at the plan's batch size.
+
+    A class, not a closure, so that the start-up expansion processes can be handed it; a count
+    made there travels back (``carry``/``adopt``) to this process's memo, where the trial's
+    record finds it.
+    """
+
+    def __init__(self, batch_size: int) -> None:
+        _check_batch_size(batch_size)
+        self.batch_size = batch_size
+
+    def __call__(self, graph: Graph) -> float:
+        return count_flops_memo(graph).train_per_image(self.batch_size)
+
+    def carry(self, graph: Graph) -> GraphCost | None:
+        return count_flops_memo.peek(graph)
+
+    def adopt(self, graph: Graph, cost: GraphCost) -> None:
+        count_flops_memo.adopt(graph, cost)
 
 
 def epoch_operations(cost: GraphCost, train_images: int, eval_images: int, batch_size: int) -> tuple[float, float]:

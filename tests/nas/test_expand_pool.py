@@ -1,0 +1,101 @@
+"""Start-up children expanded in other processes: the same children, in the same order; a broken pool loses nothing."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+
+import pytest
+from layer_flops import conv_dense_train_flops
+
+from nas.expand_pool import ExpandPool
+from nas.limits import Limits
+from nas.search import SearchSettings, make_proposer
+from nas.startup import StartupChildren
+from nas.zoo import small_resnet
+
+SEED = small_resnet(input_shape=(16, 16, 1))
+LIMITS = Limits(max_layers=16, max_params=200_000, max_flops_per_image=1e8, flops_fn=conv_dense_train_flops)
+
+
+def _children(expander, count: int, seed: int = 4, before=None) -> list[tuple[str, tuple]]:
+    startup = StartupChildren(SEED, seed, 3, LIMITS, LIMITS.admits, 3, expander)
+    out = []
+    for k in range(count):
+        if before is not None:
+            before(k, startup)
+        grown = startup.next(lambda key: False)
+        if grown is None:
+            break
+        out.append((grown[0].key(), grown[1]))
+    return out
+
+
+@pytest.fixture(scope="module")
+def inline_children():
+    return _children(None, 1500)
+
+
+def test_children_from_two_processes_are_those_expanded_here_in_the_same_order(inline_children):
+    pool = ExpandPool(2, LIMITS)
+    try:
+        assert _children(pool, 1500) == inline_children
+    finally:
+        pool.close()
+    assert len({key for key, _ in inline_children}) == len(inline_children) == 1500
+    assert {len(path) for _, path in inline_children} >= {1, 2}  # the tree is walked past its first level
+    assert _children(None, 200, seed=5) != inline_children[:200]  # the run's seed orders the walk
+
+
+def test_a_pool_whose_processes_are_killed_hands_over_to_this_process_without_a_gap(inline_children, caplog):
+    pool = ExpandPool(2, LIMITS)
+
+    def kill_at_300(k, startup):
+        if k == 300:
+            for process in list(pool._executor._processes.values()):  # type: ignore[union-attr]
+                with contextlib.suppress(ProcessLookupError):  # the pool ends the others once one dies
+                    os.kill(process.pid, signal.SIGKILL)
+                process.join(10)
+
+    try:
+        assert _children(pool, 1500, before=kill_at_300) == inline_children
+    finally:
+        pool.close()
+    assert "expanding here instead" in caplog.text
+
+
+def test_closing_the_pool_mid_start_up_keeps_the_walk(inline_children):
+    search_pool = ExpandPool(1, LIMITS)
+
+    def close_at_400(k, startup):
+        if k == 400:
+            startup.expand_here()
+            search_pool.close()
+
+    assert _children(search_pool, 1500, before=close_at_400) == inline_children
+    with pytest.raises(RuntimeError, match="closed"):
+        search_pool.start(SEED, 3, 4, LIMITS)
+
+
+@pytest.mark.parametrize("processes", [0, -1, 257, True, 2.0])
+def test_a_pool_size_out_of_range_is_refused(processes):
+    with pytest.raises(ValueError, match="expansion processes"):
+        ExpandPool(processes, LIMITS)
+
+
+def test_a_search_with_expansion_processes_proposes_what_one_without_does_and_closes_them():
+    def proposals(processes: int) -> list[str]:
+        settings = SearchSettings(seed=2, candidates=16, landmarks=12, processes=processes)
+        search = make_proposer(settings, SEED, LIMITS)
+        keys = []
+        for k in range(600):  # the seed, start-up children and re-tunes; then results arrive
+            keys.append(search.ask(f"t{k}").graph.key())
+            if k >= 400:
+                search.tell(f"t{k - 400}", 0.5, True)
+        pool = search._expander  # type: ignore[attr-defined]
+        assert pool is None  # the first result ended the start-up, and its processes with it
+        search.close()
+        return keys
+
+    assert proposals(2) == proposals(0)
