@@ -66,6 +66,18 @@ def run_cli_bounded(*args: str, memory: int = BOUNDED_MEMORY, timeout: float = 3
     )
 
 
+def backend_subprocess(backend: str) -> tuple[str, dict[str, str]]:
+    """The Python (``AIPERF_BACKEND_PYTHON`` or this one) and environment of a check on another Keras backend."""
+    python = os.environ.get("AIPERF_BACKEND_PYTHON", sys.executable)
+    env = {
+        **os.environ,
+        "KERAS_BACKEND": backend,
+        "TF_CPP_MIN_LOG_LEVEL": "3",
+        "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
+    return python, env
+
+
 def cli_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")

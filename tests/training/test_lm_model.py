@@ -434,13 +434,9 @@ def test_mixed_bfloat16_gives_float32_logits_close_to_float32():
 def test_backend_in_a_subprocess(backend):
     if backend == keras.backend.backend():
         pytest.skip(f"{backend} is this process's backend (checked in-process)")
-    python = os.environ.get("AIPERF_BACKEND_PYTHON", sys.executable)
-    env = {
-        **os.environ,
-        "KERAS_BACKEND": backend,
-        "TF_CPP_MIN_LOG_LEVEL": "3",
-        "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-    }
+    from helpers import backend_subprocess  # under pytest only: this file also runs as a script
+
+    python, env = backend_subprocess(backend)
     proc = subprocess.run([python, str(Path(__file__).resolve())], env=env, capture_output=True, text=True, timeout=540)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode == SKIP:

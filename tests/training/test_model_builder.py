@@ -10,10 +10,7 @@ interpreter (e.g. a virtualenv with JAX and torch) for those subprocesses.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,6 +18,7 @@ import pytest
 keras = pytest.importorskip("keras")
 
 import backend_check  # noqa: E402 - tests/ is on sys.path under pytest
+from helpers import REPO, backend_subprocess  # noqa: E402
 
 from aiperf.errors import AiperfError  # noqa: E402
 from aiperf.training.model import build_model, get_weights, set_weights  # noqa: E402
@@ -31,7 +29,6 @@ from nas.morph import Morph, apply_morph  # noqa: E402
 
 pytestmark = pytest.mark.slow  # builds and trains models on every backend
 
-REPO = Path(__file__).resolve().parents[2]
 BACKENDS = ("tensorflow", "jax", "torch")
 GRAPHS_PER_BACKEND = {"tensorflow": 3, "jax": 1, "torch": 2}  # JAX compiles every initializer shape: slow
 
@@ -46,13 +43,7 @@ def test_current_backend_matches_the_reference_and_trains():
 def test_backend_in_a_subprocess(backend):
     if backend == keras.backend.backend():
         pytest.skip(f"{backend} is this process's backend (checked in-process)")
-    python = os.environ.get("AIPERF_BACKEND_PYTHON", sys.executable)
-    env = {
-        **os.environ,
-        "KERAS_BACKEND": backend,
-        "TF_CPP_MIN_LOG_LEVEL": "3",
-        "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-    }
+    python, env = backend_subprocess(backend)
     proc = subprocess.run(
         [python, str(REPO / "tests" / "backend_check.py"), "--graphs", str(GRAPHS_PER_BACKEND[backend])],
         env=env,
