@@ -171,7 +171,7 @@ class _SearchCost:
     tells: dict[int, list[float]] = field(default_factory=dict)  # window -> [count, CPU s]
 
 
-class TimedProposer(Proposer):
+class TimedProposer(Proposer[TrialProposal]):
     """Delegates to the real search, timing each ask and tell in CPU seconds."""
 
     def __init__(self, inner: Proposer, clock: HybridClock, window_s: float) -> None:

@@ -243,7 +243,7 @@ class _Arch:
     fantasy: float | None = None  # believed score while only pending
 
 
-class LMSearch(Proposer):
+class LMSearch(Proposer[LMTrialProposal]):
     """GP-UCB architecture search plus TPE re-tunes over transformer LMs (see the module docstring).
 
     ``ask``/``restore`` take and give :class:`LMTrialProposal` instead of the image
@@ -298,7 +298,7 @@ class LMSearch(Proposer):
             self.surrogate = _Surrogate(LMLandmarkEmbedding(landmarks, LMDistance()), settings.gp_window)
 
     # --- Proposer -------------------------------------------------------------------------
-    def ask(self, trial_id: str) -> LMTrialProposal:  # type: ignore[override]  # the LM proposal type
+    def ask(self, trial_id: str) -> LMTrialProposal:
         if not isinstance(trial_id, str):
             raise NasError(f"trial id must be a string, got {short_repr(trial_id)}")
         if trial_id in self._trials:
@@ -353,7 +353,7 @@ class LMSearch(Proposer):
         for waiting in self._waiting_tpe.pop(trial_id, []):  # their baseline will never come
             self.tuner.fail(waiting)
 
-    def restore(self, trial_id: str, proposal: LMTrialProposal, value: float | None, final: bool) -> None:  # type: ignore[override]
+    def restore(self, trial_id: str, proposal: LMTrialProposal, value: float | None, final: bool) -> None:
         """Re-enter a trial read back from a ledger (e.g. :meth:`LMTrialProposal.from_dict`) without proposing."""
         if not isinstance(proposal, LMTrialProposal):
             raise NasError(f"trial {trial_id}: restore needs an LMTrialProposal, got {type(proposal).__name__}")

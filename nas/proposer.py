@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from nas.graph import Graph
 from nas.morph import Morph
@@ -53,11 +53,14 @@ class TrialProposal:
 HPARAM_KEYS = ("learning_rate", "batch_size", "weight_decay", "dropout", "kernel_size", "epochs")
 
 
-class Proposer(ABC):
+P = TypeVar("P")  # what a proposal is: TrialProposal for image networks, LMTrialProposal for language models
+
+
+class Proposer(ABC, Generic[P]):
     """Proposes trials and learns from their results."""
 
     @abstractmethod
-    def ask(self, trial_id: str) -> TrialProposal:
+    def ask(self, trial_id: str) -> P:
         """Propose the trial the master will run under ``trial_id`` (now pending)."""
 
     @abstractmethod
@@ -68,16 +71,16 @@ class Proposer(ABC):
     def forget(self, trial_id: str) -> None:
         """``trial_id`` failed or was cancelled before finishing; it is no longer pending."""
 
-    def at(self, progress: float) -> None:  # noqa: B027 - a hook: most proposers ignore the clock
+    def at(self, progress: float) -> None:
         """The run has used ``progress`` of its time budget (0 to 1); told before every :meth:`ask`.
 
         A search whose proposals follow a timetable (the size schedule, :mod:`nas.schedule`) reads
         it; the search itself keeps no clock, so it stays deterministic under test.
         """
 
-    def close(self) -> None:  # noqa: B027 - a hook: most proposers hold nothing outside this process
+    def close(self) -> None:
         """The run is over: stop whatever the proposer started beside it (processes)."""
 
     @abstractmethod
-    def restore(self, trial_id: str, proposal: TrialProposal, value: float | None, final: bool) -> None:
+    def restore(self, trial_id: str, proposal: P, value: float | None, final: bool) -> None:
         """Re-enter a trial read back from the ledger (resume), without proposing anything."""

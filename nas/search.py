@@ -154,7 +154,7 @@ def _kernel_of_deeper(graph: Graph, morphs: tuple[Morph, ...], kernel: int) -> t
     return graph, tuple(out)
 
 
-class AutoMLSearch(Proposer):
+class AutoMLSearch(Proposer[TrialProposal]):
     """Architecture search plus TPE behind the master's ask/tell interface (see the module docstring)."""
 
     def __init__(

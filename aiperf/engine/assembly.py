@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from aiperf.cluster.resources import NodeInfo
     from aiperf.engine.progress import Progress
     from nas.graph import Graph
-    from nas.proposer import Proposer
+    from nas.proposer import Proposer, TrialProposal
 
 
 def system_description(
@@ -153,7 +153,7 @@ def open_session(
     header: RunStartRecord | ResumePoint,
     plan: Plan,
     system: dict[str, Any],
-    proposer: Proposer,
+    proposer: Proposer[TrialProposal],
     pool: WorkerPool,
     weights: WeightStore,
     dataset_images: int = 0,

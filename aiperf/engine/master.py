@@ -167,7 +167,7 @@ class Master:
     def __init__(
         self,
         settings: MasterSettings,
-        proposer: Proposer,
+        proposer: Proposer[TrialProposal],
         pool: WorkerPool,
         ledger: LedgerWriter,
         weights: WeightStore,

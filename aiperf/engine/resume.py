@@ -181,7 +181,7 @@ def proposal_from_record(rec: TrialStartRecord) -> TrialProposal:
     )
 
 
-def replay(records: Records, proposer: Proposer, weights: WeightStore) -> ResumePoint:
+def replay(records: Records, proposer: Proposer[TrialProposal], weights: WeightStore) -> ResumePoint:
     """Replay a ledger into a fresh proposer and reload the kept weights; where the next session starts.
 
     The records have passed their models' checks; what can still be wrong (an architecture

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from aiperf.record.runlock import RunLock
     from aiperf.record.telemetry import TelemetryRecorder
     from nas.graph import Graph
-    from nas.proposer import Proposer
+    from nas.proposer import Proposer, TrialProposal
 
 logger = logging.getLogger(__name__)
 
@@ -258,7 +258,7 @@ def _session(
     seed_graph: Graph,
     nodes: list[NodeInfo],
     plan: Plan,
-    proposer: Proposer,
+    proposer: Proposer[TrialProposal],
     previous: Records,
     out: Output,
 ) -> None:

@@ -18,7 +18,7 @@ from aiperf.datasets.bad_images import largest_full_batch
 from aiperf.errors import AiperfError
 from nas.errors import NasError
 from nas.graph import Graph
-from nas.proposer import Proposer
+from nas.proposer import Proposer, TrialProposal
 
 if TYPE_CHECKING:
     from nas.limits import Limits
@@ -171,7 +171,7 @@ def search_settings(cfg: Config, plan_batch: int, largest_batch: int | None = No
 
 def make_search(
     cfg: Config, seed_graph: Graph, plan_batch: int, dataset: Dataset | None = None, workers: int = 1
-) -> Proposer:
+) -> Proposer[TrialProposal]:
     """The proposer for this config: BO or random architecture search interleaved with TPE.
 
     With the ``dataset`` the trials will train on, no trial asks for a batch its epochs cannot fill.
