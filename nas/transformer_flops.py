@@ -1,6 +1,10 @@
 """Analytic FLOPs of a :class:`~nas.transformer.TransformerSpec` language model, per token and per layer.
 
-Conventions (one multiply-add = 2 FLOPs):
+The counting rules are the image counter's (``aiperf/metrics/flops.py``, docs/flops.md
+"Conventions"): one multiply-add = 2 operations; add, subtract, multiply, divide,
+compare-and-select, exp, log, sqrt, rsqrt and tanh 1 each; a reduction of ``n`` values ``n``;
+copies, reshapes, transposes and casts 0. Applied to the model that
+``aiperf.training.lm_model.build_lm`` specifies:
 
 * Counts are per token for a context of ``seq_len`` tokens (default: the spec's ``seq_len``).
 * Attention scores ``QK^T`` and the weighted sum ``AV`` count the *full* ``seq_len x seq_len``
@@ -9,13 +13,24 @@ Conventions (one multiply-add = 2 FLOPs):
   masked-softmax kernel executes. The ``*_causal`` fields count only the keys a query can
   see, on average ``(seq_len + 1) / 2``; ``forward(causal=True)`` uses them.
 * Token and position embedding lookups count 0 FLOPs (adding the two counts ``width``).
-* Elementwise work is small and counted approximately: RMSNorm 4 FLOPs per element
-  (square, sum, scale, gain), softmax 5 per score (scale, max-subtract, exp, sum,
-  divide; the causal variant only for visible scores), tanh-GELU 8 per hidden unit, a
-  residual add 1 per element.
-* Training = forward + backward, backward = 2 x forward. This is exact for matmuls
-  (gradients for the input and for the weight) and a convention for the elementwise
-  terms, which are a fraction of a percent of the total for any realistic width.
+* Elementwise work: RMSNorm 4 per element (square, sum, ``x * rsqrt``, gain) and 3 per token
+  (the mean's divide, ``+ eps``, ``rsqrt``); the attention softmax 7 per score (scale by
+  ``1/sqrt(head_dim)``, the causal mask's select, max, subtract, exp, sum, divide; the causal
+  variant the same 7 for visible scores only); tanh-GELU 9 per hidden unit (the cube is two
+  products, then ``* 0.044715``, ``+ x``, ``* sqrt(2/pi)``, tanh, ``+ 1``, ``* x``, ``* 0.5``);
+  a residual add 1 per element.
+* The loss: the sparse softmax cross-entropy over the ``vocab_size`` logits of every token,
+  ``4V + 3`` forward and ``2V + 1`` backward, as the image counter charges it per image.
+* Training = forward + backward, backward = 2 x the network's forward plus the loss's
+  backward. Exact for matmuls (gradients for the input and for the weight) and a convention
+  for the elementwise terms (XLA's reverse mode does 0.1-0.3 % less in all). Those terms are
+  not negligible for small models and long contexts: 2.0 % of the seed's training count,
+  1.8 % at width 256 and context 2048 with heads of 64, 3.3 % with heads of 32; 0.06 % at
+  width 4096 and context 128.
+* The optimizer update (``update_per_step``) is per step, whatever the number of tokens in it:
+  AdamW with global-norm clipping as the LM trainer configures it (``aiperf/training/lm_trainer.py``),
+  18 operations per decayed parameter, 15 per RMSNorm gain (no decay), plus the loss's 2 per
+  step; :meth:`TransformerFlops.train_per_token` amortises it like ``GraphCost.train_per_image``.
 
 So with ``seq_len`` small relative to ``width`` the training cost is close to Kaplan et
 al.'s ``6 * N`` per token, N the non-embedding parameters
@@ -29,10 +44,41 @@ from dataclasses import dataclass
 from nas.errors import NasError
 from nas.transformer import TransformerSpec
 
-NORM_FLOPS = 4  # per element
-SOFTMAX_FLOPS = 5  # per score
-GELU_FLOPS = 8  # per hidden unit
+NORM_FLOPS = 4  # per element: square, sum, x * rsqrt(...), * gain
+NORM_FLOPS_PER_TOKEN = 3  # the mean's divide, + eps, rsqrt
+SOFTMAX_FLOPS = 7  # per score: * 1/sqrt(head_dim), mask select, max, subtract, exp, sum, divide
+GELU_FLOPS = 9  # per hidden unit, tanh form: x^3 (2), * c, + x, * sqrt(2/pi), tanh, + 1, * x, * 0.5
 BACKWARD_FACTOR = 2
+# Optimizer (aiperf/training/lm_trainer.py): Keras AdamW with global_clipnorm, decay on all but the gains.
+CLIP_OPS_PER_PARAM = 3  # square, accumulate into the global norm, scale the gradient
+ADAM_OPS_PER_PARAM = 12  # m += (g - m)(1 - b1) 3; v += (g^2 - v)(1 - b2) 4; w -= m * lr / (sqrt(v) + eps) 5
+WEIGHT_DECAY_OPS_PER_PARAM = 3  # w - w * wd * lr, every variable but the RMSNorm gains
+LOSS_OPS_PER_STEP = 2  # the mean's division over the step's tokens and the upstream gradient 1/N
+
+
+def softmax_cross_entropy_ops(vocab_size: int) -> tuple[int, int]:
+    """(forward, backward) per token of the sparse softmax cross-entropy on ``vocab_size`` logits.
+
+    The same count as ``aiperf.metrics.flops.softmax_cross_entropy_ops`` per image (restated:
+    ``nas`` does not import ``aiperf``). Forward: max, shift, exp, sum (``V`` each), log,
+    minus the true logit, accumulate into the mean (1 each). Backward: ``p = e / S`` (``V``),
+    ``p_y - 1`` (1), ``* 1/N`` (``V``).
+    """
+    v = vocab_size
+    return 4 * v + 3, 2 * v + 1
+
+
+def adamw_update_ops(spec: TransformerSpec) -> int:
+    """Operations of one optimizer step on ``spec``'s parameters (embeddings included: trained densely).
+
+    Per-variable scalar work (bias corrections ``beta^t``, the learning-rate schedule, the
+    global norm's ``sqrt``: about 22 operations per variable) is not counted, as the image
+    counter counts none for its optimizer.
+    """
+    params = spec.params()
+    gains = (2 * spec.n_blocks + 1) * spec.width
+    per_param = CLIP_OPS_PER_PARAM + ADAM_OPS_PER_PARAM
+    return per_param * params + WEIGHT_DECAY_OPS_PER_PARAM * (params - gains) + LOSS_OPS_PER_STEP
 
 
 @dataclass(frozen=True)
@@ -62,22 +108,39 @@ class BlockFlops:
 
 @dataclass(frozen=True)
 class TransformerFlops:
-    """Per-token forward FLOPs of a whole model: its blocks, the final norm and the output layer."""
+    """Per-token FLOPs of a whole model (blocks, final norm, output layer, loss); per step: the update."""
 
     seq_len: int  # tokens of context each token attends over
     blocks: tuple[BlockFlops, ...]
     embedding: int  # adding token and position embeddings (the lookups are free)
     final_norm: int
     output: int  # width -> vocab
+    loss_forward: int  # softmax cross-entropy over the vocabulary, per token
+    loss_backward: int
+    update_per_step: int  # AdamW over every parameter, once per step whatever its tokens
 
-    def forward(self, tokens: float = 1, causal: bool = False) -> float:
-        """Forward FLOPs for ``tokens`` tokens (each attending over ``seq_len`` positions)."""
+    def network(self, tokens: float = 1, causal: bool = False) -> float:
+        """Forward FLOPs of the network alone (logits, no loss) for ``tokens`` tokens."""
         per_token = sum(b.forward(causal) for b in self.blocks) + self.embedding + self.final_norm + self.output
         return per_token * tokens
 
+    def forward(self, tokens: float = 1, causal: bool = False) -> float:
+        """Forward FLOPs, loss included (what evaluation computes), for ``tokens`` tokens."""
+        return self.network(tokens, causal) + self.loss_forward * tokens
+
+    def backward(self, tokens: float = 1, causal: bool = False) -> float:
+        """Backward FLOPs: 2 x the network's forward plus the loss's backward, for ``tokens`` tokens."""
+        return BACKWARD_FACTOR * self.network(tokens, causal) + self.loss_backward * tokens
+
     def training(self, tokens: float = 1, causal: bool = False) -> float:
-        """Forward plus backward (2 x forward) FLOPs for ``tokens`` tokens."""
-        return (1 + BACKWARD_FACTOR) * self.forward(tokens, causal)
+        """Forward plus backward FLOPs for ``tokens`` tokens (the optimizer update is per step: ``update_per_step``)."""
+        return self.forward(tokens, causal) + self.backward(tokens, causal)
+
+    def train_per_token(self, tokens_per_step: int, causal: bool = False) -> float:
+        """One token's share of a training step of ``tokens_per_step`` tokens (batch x seq_len): update included."""
+        if isinstance(tokens_per_step, bool) or not isinstance(tokens_per_step, int) or tokens_per_step < 1:
+            raise NasError(f"flops: tokens_per_step must be a positive integer, got {tokens_per_step!r}")
+        return self.training(1, causal) + self.update_per_step / tokens_per_step
 
     @property
     def attention(self) -> int:
@@ -86,7 +149,7 @@ class TransformerFlops:
 
 
 def transformer_flops(spec: TransformerSpec, seq_len: int | None = None) -> TransformerFlops:
-    """Per-token forward FLOPs of ``spec``, by layer, for ``seq_len`` tokens of context (default: the spec's)."""
+    """Per-token FLOPs of ``spec``, by layer, for ``seq_len`` tokens of context (default: the spec's)."""
     if not isinstance(spec, TransformerSpec):
         raise NasError(f"expected a TransformerSpec, got {type(spec).__name__}")
     if seq_len is None:
@@ -94,10 +157,11 @@ def transformer_flops(spec: TransformerSpec, seq_len: int | None = None) -> Tran
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or not 1 <= seq_len <= spec.seq_len:
         raise NasError(f"flops: seq_len must be an integer between 1 and the spec's {spec.seq_len}, got {seq_len!r}")
     d, visible = spec.width, (seq_len + 1) / 2
+    norm = NORM_FLOPS * d + NORM_FLOPS_PER_TOKEN
     blocks = []
     for b, hidden in enumerate(spec.mlp_hidden):
         inner, heads = spec.inner(b), spec.heads[b]
-        elementwise_fixed = 2 * NORM_FLOPS * d + GELU_FLOPS * hidden + 2 * d
+        elementwise_fixed = 2 * norm + GELU_FLOPS * hidden + 2 * d
         blocks.append(
             BlockFlops(
                 qkv=2 * d * 3 * inner,
@@ -111,10 +175,14 @@ def transformer_flops(spec: TransformerSpec, seq_len: int | None = None) -> Tran
                 elementwise_causal=elementwise_fixed + SOFTMAX_FLOPS * heads * visible,
             )
         )
+    loss_forward, loss_backward = softmax_cross_entropy_ops(spec.vocab_size)
     return TransformerFlops(
         seq_len=seq_len,
         blocks=tuple(blocks),
         embedding=d,
-        final_norm=NORM_FLOPS * d,
+        final_norm=norm,
         output=2 * d * spec.vocab_size,
+        loss_forward=loss_forward,
+        loss_backward=loss_backward,
+        update_per_step=adamw_update_ops(spec),
     )

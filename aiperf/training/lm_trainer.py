@@ -27,7 +27,8 @@ built with :func:`~aiperf.training.lm_model.build_lm` and trained on next-token 
   overhead (:func:`~aiperf.training.trainer.compile_overhead`) and the steps proper;
   ``tokens_per_second`` is tokens over the steps' time.
 * **FLOPs** (analytic, :func:`nas.transformer_flops.transformer_flops` at the trial's
-  ``seq_len``, full-square attention): ``train_flops = training(1) * tokens`` and
+  ``seq_len``, full-square attention): ``train_flops = train_per_token(batch * seq_len) * tokens``
+  (forward, backward and the loss per token, one AdamW update per step) and
   ``eval_flops = forward(1) * validation tokens`` per epoch.
 * **Precision**: ``float32`` (default) or ``mixed_bfloat16`` (bf16 matrices, float32
   norms, logits and variables; no loss scaling needed).
@@ -561,7 +562,8 @@ def train_lm_trial(
     )
     val_fingerprint = _fingerprint(x_val, y_val)
     flops = transformer_flops(spec, plan.seq_len)
-    train_per_token, eval_per_token = flops.training(1), flops.forward(1)
+    # Training counts one AdamW update per step spread over its tokens, as an image epoch counts one per batch.
+    train_per_token, eval_per_token = flops.train_per_token(plan.batch_size * plan.seq_len), flops.forward(1)
     eval_tokens = int(y_val.size)
 
     seed_trial(plan.seed % (2**31))

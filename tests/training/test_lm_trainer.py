@@ -149,11 +149,13 @@ def test_validation_windows_are_fetched_once_and_the_same_for_every_evaluation(p
 def test_flops_per_epoch_are_the_analytic_count_times_tokens(parent):
     result, _, _ = parent
     flops = transformer_flops(tiny_spec(), SEQ)
-    assert result.train_flops_per_token == flops.training(1)
+    per_token = flops.training(1) + flops.update_per_step / (BATCH * SEQ)  # one optimizer update per step
+    assert result.train_flops_per_token == pytest.approx(flops.train_per_token(BATCH * SEQ)) == pytest.approx(per_token)
     for record in result.epochs:
-        assert record.train_flops == flops.training(1) * STEPS * BATCH * SEQ
+        assert record.train_flops == pytest.approx(per_token * STEPS * BATCH * SEQ)
+        assert record.train_flops == pytest.approx(flops.training(STEPS * BATCH * SEQ) + STEPS * flops.update_per_step)
         assert record.eval_flops == flops.forward(1) * EVAL_WINDOWS * SEQ
-    assert result.train_flops == flops.training(result.tokens)
+    assert result.train_flops == pytest.approx(per_token * result.tokens)
     assert result.eval_flops == flops.forward(1) * EVAL_WINDOWS * SEQ * (EPOCHS + 1)  # the initial evaluation too
 
 
