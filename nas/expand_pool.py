@@ -56,7 +56,8 @@ class ExpandPool:
             raise RuntimeError("the expansion pool is closed")
         try:
             return self._executor.submit(_expand_here, graph, kernel, seed)
-        except BrokenProcessPool as exc:  # a process died: the expansion fails when its result is wanted
+        except (BrokenProcessPool, OSError, RuntimeError) as exc:  # a process died or could not start: it fails
+            # when its result is wanted, and the start-up goes on in the master (nas.startup)
             failed: Future[list[Expanded]] = Future()
             failed.set_exception(exc)
             return failed

@@ -28,6 +28,7 @@ that needs no weights -- random morph children of the seed trained from scratch
 from __future__ import annotations
 
 import bisect
+import logging
 import math
 from collections import deque
 from collections.abc import Iterator, Mapping
@@ -57,6 +58,7 @@ from nas.random_search import (
 from nas.schedule import SizeSchedule
 from nas.startup import StartupChildren
 
+logger = logging.getLogger(__name__)
 TUNE_CANDIDATES = 3  # lineages considered for re-tuning: the best three
 TUNE_RESAMPLES = 3  # TPE samples tried when a sampled kernel makes the graph exceed the limits
 STARTUP_DEPTH = 3  # start-up children are at most this many morphs from the seed (or max_morphs_per_child)
@@ -347,7 +349,10 @@ class AutoMLSearch(Proposer[TrialProposal]):
         if self._startup is None:
             depth = max(STARTUP_DEPTH, self.settings.max_morphs_per_child)
             if self.settings.processes:
-                self._expander = ExpandPool(self.settings.processes, self.limits)
+                try:
+                    self._expander = ExpandPool(self.settings.processes, self.limits)
+                except (OSError, ImportError, NotImplementedError) as exc:  # no process pool on this platform
+                    logger.warning(f"start-up expansion processes unavailable ({exc}); expanding in the master")
             self._startup = StartupChildren(
                 self.seed_graph,
                 self.settings.seed,

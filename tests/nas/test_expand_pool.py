@@ -99,3 +99,18 @@ def test_a_search_with_expansion_processes_proposes_what_one_without_does_and_cl
         return keys
 
     assert proposals(2) == proposals(0)
+
+
+def test_a_machine_without_a_process_pool_expands_in_the_master(monkeypatch, caplog):
+    import nas.search
+
+    def unavailable(*args, **kwargs):
+        raise OSError("no /dev/shm")
+
+    monkeypatch.setattr(nas.search, "ExpandPool", unavailable)
+    settings = SearchSettings(seed=2, candidates=16, landmarks=12, processes=4)
+    search = make_proposer(settings, SEED, LIMITS)
+    keys = [search.ask(f"t{k}").graph.key() for k in range(300)]
+    inline = make_proposer(SearchSettings(seed=2, candidates=16, landmarks=12), SEED, LIMITS)
+    assert keys == [inline.ask(f"t{k}").graph.key() for k in range(300)]
+    assert "expanding in the master" in caplog.text
