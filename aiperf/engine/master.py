@@ -75,6 +75,11 @@ MAX_UNSYNCED_S = 1.0
 # The most the run's end waits for the kept weight sets still being collected from their nodes (each is
 # collected as its trial ends, so only the last few remain; one not collected by then gets no file).
 COLLECT_AT_END_S = 5.0
+# The cyclic collector's first generation runs after this many allocations instead of 700: the master
+# allocates graphs, specs and records by the hundred thousand and frees them by reference counting, and
+# the collections were 10-18 % of its CPU in a 32,768-worker start-up (benchmarks/RESULTS.md, "The
+# collector's threshold in the master"). Set for the run, then put back.
+GC_FIRST_GENERATION = 100_000
 
 
 @dataclass
@@ -245,6 +250,14 @@ class Master:
         # from code comments").
         gc.collect()
         gc.freeze()
+        thresholds = gc.get_threshold()
+        gc.set_threshold(max(GC_FIRST_GENERATION, thresholds[0]), *thresholds[1:])
+        try:
+            return self._run()
+        finally:
+            gc.set_threshold(*thresholds)
+
+    def _run(self) -> RunOutcome:
         status, reason = RunStatus.COMPLETED, "time budget reached"
         try:
             while True:

@@ -329,3 +329,31 @@ def test_the_master_proposes_and_submits_only_on_durable_records(tmp_path):
         SimulatedWorkerPool.submit = original
     _check_consistent(records)
     assert len(checked) > 20 and all(checked)
+
+
+def test_the_master_raises_the_collectors_threshold_for_its_run_and_puts_it_back(tmp_path, monkeypatch):
+    import gc
+
+    from aiperf.engine.master import GC_FIRST_GENERATION
+
+    before = gc.get_threshold()
+    seen = []
+    original = SimulatedWorkerPool.wait
+
+    def wait(self, timeout):
+        seen.append(gc.get_threshold())
+        return original(self, timeout)
+
+    monkeypatch.setattr(SimulatedWorkerPool, "wait", wait)
+    _run(tmp_path, workers=2, budget=30.0)
+    assert seen and all(t[0] >= GC_FIRST_GENERATION and t[1:] == before[1:] for t in seen)
+    assert gc.get_threshold() == before
+    monkeypatch.setattr(SimulatedWorkerPool, "wait", original)
+    with pytest.raises(RuntimeError):  # put back however the run ends
+
+        def broken(self, timeout):
+            raise RuntimeError("a pool that fails")
+
+        monkeypatch.setattr(SimulatedWorkerPool, "wait", broken)
+        _run(tmp_path / "again", workers=2, budget=30.0)
+    assert gc.get_threshold() == before
