@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar, cast
 
 import numpy as np
 from scipy.linalg import cho_solve, lapack, solve_triangular
@@ -28,7 +29,6 @@ from scipy.optimize import minimize
 
 from nas.distance import ArchitectureDistance
 from nas.errors import NasError
-from nas.graph import Graph
 
 JITTER_START = 1e-10  # relative to the mean of the diagonal
 JITTER_MAX = 1e-1
@@ -268,17 +268,31 @@ class GaussianProcess:
         return cross @ self._alpha, prior - v.T @ v
 
 
-class LandmarkEmbedding:
+class Keyed(Protocol):
+    def key(self) -> str: ...
+
+
+A = TypeVar("A", bound=Keyed)
+A_contra = TypeVar("A_contra", bound=Keyed, contravariant=True)
+
+
+class CrossDistance(Protocol[A_contra]):
+    def cross(self, rows: Sequence[A_contra], cols: Sequence[A_contra], /) -> np.ndarray: ...
+
+
+class LandmarkEmbedding(Generic[A]):
     """Architectures as vectors of distances to fixed landmarks (scaled by 1/sqrt(#landmarks)).
 
     The scaling keeps the Euclidean norm of a difference on the scale of one distance, so the
-    length-scale bounds do not depend on how many landmarks there are.
+    length-scale bounds do not depend on how many landmarks there are. Any family with a
+    ``key()`` and a batched ``cross`` distance embeds so: image graphs (the default distance,
+    :class:`nas.distance.ArchitectureDistance`) and transformer specs (:class:`nas.lm_distance.LMDistance`).
     """
 
-    def __init__(self, landmarks: Sequence[Graph], distance: ArchitectureDistance | None = None) -> None:
+    def __init__(self, landmarks: Sequence[A], distance: CrossDistance[A] | None = None) -> None:
         if not landmarks:
             raise GPError("the embedding needs at least one landmark architecture")
-        self._distance = distance or ArchitectureDistance()
+        self._distance = distance if distance is not None else cast(CrossDistance[A], ArchitectureDistance())
         self._landmarks = list(landmarks)
         self._scale = 1.0 / math.sqrt(len(self._landmarks))
         self._vectors: dict[str, np.ndarray] = {}
@@ -290,9 +304,9 @@ class LandmarkEmbedding:
     def __len__(self) -> int:
         return len(self._vectors)
 
-    def __call__(self, graphs: Sequence[Graph]) -> np.ndarray:
-        """One row per graph; new graphs are embedded together in one batched distance call."""
-        missing: dict[str, Graph] = {}
+    def __call__(self, graphs: Sequence[A]) -> np.ndarray:
+        """One row per architecture; new ones are embedded together in one batched distance call."""
+        missing: dict[str, A] = {}
         for g in graphs:
             key = g.key()
             if key not in self._vectors and key not in missing:

@@ -27,7 +27,7 @@ import warnings
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import optuna
@@ -104,6 +104,17 @@ class HyperparameterSpace:
         for name, value in clean.items():
             object.__setattr__(self, name, value)
 
+    def normalise(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        return normalise_hparams(values)
+
+    def fit(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """What is trained for sampled ``params``: the same here (a language model's space bounds tokens)."""
+        return dict(params)
+
+    def admits(self, params: Mapping[str, Any]) -> bool:
+        """Beyond the distributions' own bounds (checked by Optuna), nothing."""
+        return True
+
     def distributions(self) -> dict[str, BaseDistribution]:
         """One Optuna distribution per key of HPARAM_KEYS."""
         return {
@@ -142,6 +153,18 @@ def normalise_hparams(values: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+class TunedSpace(Protocol):
+    """What the tuner samples from: the image networks' space, or a language model's (nas.lm_hpo)."""
+
+    def distributions(self) -> dict[str, BaseDistribution]: ...
+
+    def normalise(self, values: Mapping[str, Any]) -> dict[str, Any]: ...  # the proposal form
+
+    def fit(self, params: Mapping[str, Any]) -> dict[str, Any]: ...  # sampled -> trained values
+
+    def admits(self, params: Mapping[str, Any]) -> bool: ...  # bounds beyond the distributions'
+
+
 @dataclass
 class _Running:
     params: dict[str, Any]  # Optuna's (external) values
@@ -149,7 +172,7 @@ class _Running:
 
 
 class HyperparameterTuner:
-    """TPE over a :class:`HyperparameterSpace`, one Optuna trial per tune trial of the search.
+    """TPE over a :class:`TunedSpace`, one Optuna trial per tune trial of the search.
 
     The study's history is bounded, so an ask costs the same after 100 or 100,000 tune
     trials: once the study holds ``rebuild_every`` trials more than it keeps, it is rebuilt
@@ -161,7 +184,7 @@ class HyperparameterTuner:
 
     def __init__(
         self,
-        space: HyperparameterSpace,
+        space: TunedSpace,
         seed: int,
         *,
         keep_best: int = KEEP_BEST,
@@ -215,18 +238,29 @@ class HyperparameterTuner:
         if trial_id in self._running:
             raise NasError(f"trial {trial_id} already has hyperparameters")
         if self._study_results < N_STARTUP:  # what TPE would do, without Optuna's bookkeeping
-            params = {name: self._uniform(dist) for name, dist in self._distributions.items()}
+            drawn = {name: self._uniform(dist) for name, dist in self._distributions.items()}
+            params = self.space.fit(drawn)
             self._running[trial_id] = _Running(params, None)
             self._lies_missing = True
-            return normalise_hparams(params)
+            return self.space.normalise(params)
         if self._lies_missing:
             self._rebuild()  # the latest of the trials asked outside the study join it as lies
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             trial = self._study.ask(self._distributions)
-        self._running[trial_id] = _Running(dict(trial.params), trial.number)
+        asked = dict(trial.params)
+        params = self.space.fit(asked)
+        number: int | None = trial.number
+        if params != asked:  # TPE must learn what is trained: the asked trial is swapped for the fitted values
+            self._study.tell(trial.number, state=TrialState.FAIL)
+            self._study.add_trial(
+                create_trial(params=params, distributions=self._distributions, state=TrialState.RUNNING)
+            )
+            number = trial.number + 1
+            self._study_trials += 1  # the swapped-in trial; _grew below counts the asked one
+        self._running[trial_id] = _Running(params, number)
         self._grew()
-        return normalise_hparams(trial.params)
+        return self.space.normalise(params)
 
     def _uniform(self, dist: BaseDistribution) -> Any:
         """One independent uniform draw, as Optuna's RandomSampler makes it (log scale where the distribution is)."""
@@ -264,6 +298,8 @@ class HyperparameterTuner:
     def add_completed(self, hparams: Mapping[str, Any], value: float) -> bool:
         """Add a finished trial read back on resume; False when it lies outside today's space."""
         params = {k: hparams[k] for k in self._distributions}
+        if not self.space.admits(params):
+            return False
         try:
             frozen = create_trial(params=params, distributions=self._distributions, value=float(value))
             self._study.add_trial(frozen)
@@ -288,7 +324,7 @@ class HyperparameterTuner:
         if self._best is None:
             return None
         params, value = self._best
-        return normalise_hparams(params), value
+        return self.space.normalise(params), value
 
     # --- the bounded history ---------------------------------------------------------------------
     def _record(self, params: dict[str, Any], value: float) -> None:

@@ -27,7 +27,6 @@ whatever the lengths. Per-spec arrays are cached by :meth:`TransformerSpec.key`.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -141,45 +140,3 @@ class LMDistance:
 def lm_distance(a: TransformerSpec, b: TransformerSpec) -> float:
     """The distance of two specs (one pair; use :meth:`LMDistance.cross` for many)."""
     return LMDistance()(a, b)
-
-
-class LMLandmarkEmbedding:
-    """Specs as vectors of distances to fixed landmarks, scaled by 1/sqrt(#landmarks), cached per key.
-
-    The same construction as :class:`nas.gp.LandmarkEmbedding` (an RBF on these vectors is PSD
-    for every set of specs), for specs instead of graphs.
-    """
-
-    def __init__(self, landmarks: Sequence[TransformerSpec], distance: LMDistance | None = None) -> None:
-        if not landmarks:
-            raise NasError("lm embedding: needs at least one landmark spec")
-        self._distance = distance or LMDistance()
-        self._landmarks = list(landmarks)
-        self._scale = 1.0 / math.sqrt(len(self._landmarks))
-        self._vectors: dict[str, np.ndarray] = {}
-
-    @property
-    def dimension(self) -> int:
-        return len(self._landmarks)
-
-    def __len__(self) -> int:
-        return len(self._vectors)
-
-    def __call__(self, specs: Sequence[TransformerSpec]) -> np.ndarray:
-        """One row per spec; new specs are embedded together in one batched distance call."""
-        missing: dict[str, TransformerSpec] = {}
-        for s in specs:
-            key = s.key()
-            if key not in self._vectors and key not in missing:
-                missing[key] = s
-        if missing:
-            rows = self._distance.cross(list(missing.values()), self._landmarks) * self._scale
-            for key, row in zip(missing, rows, strict=True):
-                self._vectors[key] = row
-        if not specs:
-            return np.zeros((0, self.dimension))
-        return np.stack([self._vectors[s.key()] for s in specs])
-
-    def forget(self, keep: set[str]) -> None:
-        """Drop cached vectors not in ``keep`` (bounds memory over a long run)."""
-        self._vectors = {k: v for k, v in self._vectors.items() if k in keep}

@@ -17,20 +17,16 @@ fits, and TPE learns from the values actually trained.
 
 from __future__ import annotations
 
-import heapq
 import math
-import warnings
-from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
-from optuna.trial import TrialState, create_trial
 
 from nas.errors import NasError
 from nas.graph import short_repr
+from nas.hpo import HyperparameterTuner
 
 LM_HPARAM_KEYS = ("learning_rate", "warmup_fraction", "weight_decay", "batch_size", "seq_len", "epochs")
 DEFAULT_LM_HPARAMS: dict[str, Any] = {
@@ -41,11 +37,6 @@ DEFAULT_LM_HPARAMS: dict[str, Any] = {
     "seq_len": 128,
     "epochs": 1,
 }
-KEEP_BEST = 32
-KEEP_RECENT = 224
-KEEP_RUNNING = 128
-REBUILD_EVERY = 128
-N_STARTUP = 10
 
 
 def _number(name: str, value: object) -> float:
@@ -132,6 +123,15 @@ class LMHyperparameterSpace:
             "epochs": IntDistribution(*self.epochs),
         }
 
+    def normalise(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        return normalise_lm_hparams(values)
+
+    def fit(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        return self.fit_tokens(params)
+
+    def admits(self, params: Mapping[str, Any]) -> bool:
+        return self.contains(params)
+
     def fit_tokens(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """``params`` with the batch cut to the largest choice within ``max_batch_tokens`` (if over)."""
         out = dict(params)
@@ -186,159 +186,10 @@ def normalise_lm_hparams(values: Any) -> dict[str, Any]:
     return out
 
 
-@dataclass
-class _Running:
-    params: dict[str, Any]  # the values trained (after the token bound)
-    number: int | None  # its trial number in the current study; None once a rebuild left it out
+class LMTuner(HyperparameterTuner):
+    """TPE over an :class:`LMHyperparameterSpace`: the image search's bounded-history tuner (nas.hpo)."""
 
-
-class LMTuner:
-    """TPE over an :class:`LMHyperparameterSpace` with a bounded study (see the module docstring)."""
-
-    def __init__(
-        self,
-        space: LMHyperparameterSpace,
-        seed: int,
-        *,
-        keep_best: int = KEEP_BEST,
-        keep_recent: int = KEEP_RECENT,
-        keep_running: int = KEEP_RUNNING,
-        rebuild_every: int = REBUILD_EVERY,
-    ) -> None:
+    def __init__(self, space: LMHyperparameterSpace, seed: int, **history: int) -> None:
         if not isinstance(space, LMHyperparameterSpace):
             raise NasError(f"lm tuner: space must be an LMHyperparameterSpace, got {type(space).__name__}")
-        for name, value, low in (
-            ("keep_best", keep_best, 1),
-            ("keep_recent", keep_recent, 0),
-            ("keep_running", keep_running, 0),
-            ("rebuild_every", rebuild_every, 1),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise NasError(f"lm tuner: {name} must be an integer >= {low}, got {value!r}")
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
-        self.space = space
-        self._distributions = space.distributions()
-        self._seed = seed
-        self._keep_best = keep_best
-        self._keep_running = keep_running
-        self._capacity = keep_best + keep_recent + keep_running + rebuild_every
-        self._running: dict[str, _Running] = {}
-        self._recent: deque[tuple[int, dict[str, Any], float]] = deque(maxlen=keep_recent)
-        self._best_kept: list[tuple[float, int, dict[str, Any]]] = []  # min-heap of (value, -order, params)
-        self._best: tuple[dict[str, Any], float] | None = None
-        self._completed = 0
-        self.rebuilds = 0
-        self._study = self._new_study()
-        self._size = 0  # trials in the current study, of every state (trial numbers run 0.._size-1)
-
-    def _new_study(self) -> optuna.Study:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            sampler = optuna.samplers.TPESampler(
-                seed=self._seed + 7919 * self.rebuilds,
-                constant_liar=True,
-                multivariate=True,
-                n_startup_trials=N_STARTUP,
-            )
-        return optuna.create_study(direction="maximize", sampler=sampler)
-
-    def ask(self, trial_id: str) -> dict[str, Any]:
-        """Hyperparameters for ``trial_id`` (running in TPE until told or failed), inside the space."""
-        if trial_id in self._running:
-            raise NasError(f"trial {trial_id} already has hyperparameters")
-        if self._size >= self._capacity:
-            self._rebuild()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            trial = self._study.ask(self._distributions)
-        self._size += 1
-        asked = dict(trial.params)
-        params = self.space.fit_tokens(asked)
-        number: int | None = trial.number
-        if params != asked:  # TPE must learn what is trained: swap the asked trial for the fitted values
-            self._study.tell(trial.number, state=TrialState.FAIL)
-            self._study.add_trial(
-                create_trial(params=params, distributions=self._distributions, state=TrialState.RUNNING)
-            )
-            number = self._size
-            self._size += 1
-        self._running[trial_id] = _Running(params, number)
-        return normalise_lm_hparams(params)
-
-    def is_running(self, trial_id: str) -> bool:
-        return trial_id in self._running
-
-    def tell(self, trial_id: str, value: float) -> None:
-        running = self._running.pop(trial_id, None)
-        if running is None:
-            raise NasError(f"trial {trial_id} is not running in TPE")
-        value = float(value)
-        if running.number is not None:
-            self._study.tell(running.number, value)
-        else:  # a rebuild left it out: its result still counts
-            self._study.add_trial(create_trial(params=running.params, distributions=self._distributions, value=value))
-            self._size += 1
-        self._record(running.params, value)
-
-    def fail(self, trial_id: str) -> None:
-        running = self._running.pop(trial_id, None)
-        if running is not None and running.number is not None:
-            self._study.tell(running.number, state=TrialState.FAIL)
-
-    def add_completed(self, hparams: Mapping[str, Any], value: float) -> bool:
-        """Add a finished trial read back on resume; False when it lies outside today's space."""
-        params = {k: hparams[k] for k in self._distributions}
-        if not self.space.contains(params):
-            return False
-        self._study.add_trial(create_trial(params=params, distributions=self._distributions, value=float(value)))
-        self._size += 1
-        self._record(params, float(value))
-        return True
-
-    @property
-    def completed(self) -> int:
-        return self._completed
-
-    @property
-    def study_trials(self) -> int:
-        """Trials in the current (bounded) study: what one ask reads."""
-        return self._size
-
-    def best(self) -> tuple[dict[str, Any], float] | None:
-        if self._best is None:
-            return None
-        return normalise_lm_hparams(self._best[0]), self._best[1]
-
-    def _record(self, params: dict[str, Any], value: float) -> None:
-        order = self._completed
-        self._completed += 1
-        if self._best is None or value > self._best[1]:
-            self._best = (params, value)
-        self._recent.append((order, params, value))
-        entry = (value, -order, params)
-        if len(self._best_kept) < self._keep_best:
-            heapq.heappush(self._best_kept, entry)
-        elif entry[:2] > self._best_kept[0][:2]:
-            heapq.heapreplace(self._best_kept, entry)
-
-    def _rebuild(self) -> None:
-        """A fresh study of the kept results and the latest running trials (as constant-liar lies)."""
-        kept = {order: (params, value) for order, params, value in self._recent}
-        kept.update({-neg: (params, value) for value, neg, params in self._best_kept})
-        self.rebuilds += 1
-        study = self._new_study()
-        study.add_trials(
-            create_trial(params=params, distributions=self._distributions, value=value)
-            for _, (params, value) in sorted(kept.items())
-        )
-        running = list(self._running.values())
-        carried = running[len(running) - self._keep_running :] if self._keep_running else []
-        for entry in running:
-            entry.number = None
-        for number, entry in enumerate(carried, start=len(kept)):
-            study.add_trial(
-                create_trial(params=entry.params, distributions=self._distributions, state=TrialState.RUNNING)
-            )
-            entry.number = number
-        self._study = study
-        self._size = len(kept) + len(carried)
+        super().__init__(space, seed, **history)

@@ -46,9 +46,9 @@ from typing import Any
 import numpy as np
 
 from nas.errors import NasError
-from nas.gp import GaussianProcess, GPError
+from nas.gp import GaussianProcess, GPError, LandmarkEmbedding
 from nas.graph import short_repr
-from nas.lm_distance import LMDistance, LMLandmarkEmbedding
+from nas.lm_distance import LMDistance
 from nas.lm_hpo import DEFAULT_LM_HPARAMS, LMHyperparameterSpace, LMTuner, normalise_lm_hparams
 from nas.proposer import Proposer, TrialKind
 from nas.transformer import TransformerSpec
@@ -295,7 +295,7 @@ class LMSearch(Proposer[LMTrialProposal]):
             landmarks = _landmarks(
                 seed_spec, self._children, np.random.default_rng([settings.seed, 2]), settings.landmarks
             )
-            self.surrogate = _Surrogate(LMLandmarkEmbedding(landmarks, LMDistance()), settings.gp_window)
+            self.surrogate = _Surrogate(LandmarkEmbedding(landmarks, LMDistance()), settings.gp_window)
 
     # --- Proposer -------------------------------------------------------------------------
     def ask(self, trial_id: str) -> LMTrialProposal:
@@ -659,7 +659,7 @@ class _StartupChildren:
 @dataclass
 class _Posterior:
     gp: GaussianProcess
-    embed: LMLandmarkEmbedding
+    embed: LandmarkEmbedding[TransformerSpec]
     center: float
     spread: float
     points: int
@@ -675,7 +675,7 @@ class _Posterior:
 class _Surrogate:
     """The GP over the landmark embedding, fitted on the architectures known to the search."""
 
-    def __init__(self, embed: LMLandmarkEmbedding, window: int) -> None:
+    def __init__(self, embed: LandmarkEmbedding[TransformerSpec], window: int) -> None:
         self.embed = embed
         self.gp = GaussianProcess()
         self.window = window

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from nas.errors import NasError
-from nas.gp import rbf_kernel
-from nas.lm_distance import INCOMPARABLE, LMDistance, LMLandmarkEmbedding, lm_distance
+from nas.gp import LandmarkEmbedding, rbf_kernel
+from nas.lm_distance import INCOMPARABLE, LMDistance, lm_distance
 from nas.transformer import TransformerSpec, seed_spec
 from nas.transformer_morph import LMMorph, apply_spec_morph
 
@@ -92,7 +92,7 @@ def test_hundreds_of_candidates_against_32_landmarks_take_milliseconds():
 
 
 def test_the_landmark_kernel_is_psd_and_embeddings_are_cached():
-    embed = LMLandmarkEmbedding(SPECS[:12])
+    embed = LandmarkEmbedding(SPECS[:12], LMDistance())
     x = embed(SPECS)
     assert x.shape == (len(SPECS), 12) and len(embed) == len({s.key() for s in SPECS})
     np.testing.assert_array_equal(embed(SPECS[:3]), x[:3])  # from the cache
@@ -110,5 +110,5 @@ def test_hostile_input_is_one_error_naming_the_culprit():
     with pytest.raises(NasError, match=r"a\[1\] must be a TransformerSpec"):
         LMDistance().cross([seed_spec(), "x"], [seed_spec()])  # type: ignore[list-item]
     with pytest.raises(NasError, match="at least one landmark"):
-        LMLandmarkEmbedding([])
+        LandmarkEmbedding([], LMDistance())
     assert LMDistance().cross([], SPECS).shape == (0, len(SPECS))
