@@ -74,9 +74,9 @@ class EpochReport:
 
     kind: ClassVar[EventKind] = EventKind.EPOCH
     epoch: int  # 1-based, counting the epochs of earlier attempts
-    train_images: int  # images actually trained on (undecodable ones excluded)
-    eval_images: int
-    train_acc: float
+    train_images: int  # images actually trained on (undecodable ones excluded); a language trial's sequences
+    eval_images: int  # a language trial's validation windows
+    train_acc: float | None  # None: not measured (a language trial)
     train_loss: float
     val_acc: float
     val_loss: float
@@ -92,6 +92,9 @@ class EpochReport:
     oom_retries: int = 0
     idle_before_s: float | None = None  # first epoch of a trial: the worker's idle time before it
     weights: Weights | StoredWeights | None = None  # the checkpoint for a re-queue (None: not checkpointed)
+    train_tokens: int | None = None  # a language trial: tokens trained on (targets), the count its FLOPs scale with
+    eval_tokens: int | None = None  # a language trial: validation tokens
+    bits_per_byte: float | None = None  # a language trial: validation bits per byte of text
 
 
 @dataclass(kw_only=True, slots=True)

@@ -115,6 +115,8 @@ class MLLogRenderer:
         )  # the epochs, for the final score (not the records: a long run has millions)
         self.min_accuracy: float | None = None
         self.comparable: dict[str, Any] = {}
+        self.language = False  # a language run (run_start.family): its samples are tokens
+        self.tokens = 0  # a language run's training tokens of the counted epochs
         self._handlers = self._table()
 
     def lines(self, rec: Record, resumed: bool = False) -> list[str]:
@@ -148,6 +150,14 @@ class MLLogRenderer:
     def _run_start(self, rec: RunStartRecord) -> list[Event]:
         dataset, nodes = rec.dataset, rec.plan.nodes
         self.min_accuracy = rec.rules.min_accuracy
+        self.language = rec.family == "language"
+        # A language run's samples are tokens (what its operations are counted per); an image run's, images.
+        samples = (
+            (dataset.train_tokens, dataset.eval_tokens)
+            if self.language
+            else (dataset.train_images, dataset.eval_images)
+        )
+        about = {"dataset": dataset.name, **({"unit": "tokens"} if self.language else {})}
         workload = identify(rec)
         self.comparable = {
             "workload": workload.workload,
@@ -165,8 +175,8 @@ class MLLogRenderer:
             (POINT_IN_TIME, "number_of_nodes", len(nodes), {}),
             (POINT_IN_TIME, "accelerators_per_node", max((int(n.gpus) for n in nodes), default=0), {}),
             (POINT_IN_TIME, "seed", rec.config.run.seed, {}),
-            (POINT_IN_TIME, "train_samples", dataset.train_images, {"dataset": dataset.name}),
-            (POINT_IN_TIME, "eval_samples", dataset.eval_images, {"dataset": dataset.name}),
+            (POINT_IN_TIME, "train_samples", samples[0], dict(about)),
+            (POINT_IN_TIME, "eval_samples", samples[1], dict(about)),
             (POINT_IN_TIME, "aiperf_workload", workload.workload, dict(self.comparable)),
             # aiperf does not drop the operating system's file cache before a run: recorded as such.
             (POINT_IN_TIME, "cache_clear", False, {}),
@@ -186,6 +196,7 @@ class MLLogRenderer:
     def _epoch(self, rec: EpochRecord) -> list[Event]:
         trial, epoch = rec.trial, rec.epoch
         self.score.add(rec)
+        self.tokens += rec.train_tokens or 0
         state = self.trials.setdefault(trial, _TrialState(epochs=epoch, open=epoch, attempt=rec.attempt))
         eval_s = rec.eval_s if rec.eval_s is not None else 0.0
         out: list[Event] = [
@@ -205,6 +216,12 @@ class MLLogRenderer:
             state.open = epoch + 1
             out.append((INTERVAL_START, "epoch_start", None, self._meta(trial, epoch + 1)))
         return out
+
+    def _tokens(self, wall_s: float) -> dict[str, Any]:
+        """A language run's tokens trained and their rate over the score's duration (an image run: none)."""
+        if not self.language:
+            return {}
+        return {"tokens": self.tokens, "tokens_per_s": self.tokens / wall_s if wall_s > 0 else 0.0}
 
     def _close(self, trial: str, why: str) -> list[Event]:
         state = self.trials.get(trial)
@@ -246,6 +263,7 @@ class MLLogRenderer:
                     "wall_s": score.wall_s,
                     "best_val_acc": score.best_val_acc,
                     "aiperf_regulated": score.aiperf_regulated,
+                    **self._tokens(score.wall_s),
                     **self.comparable,
                 },
             )

@@ -86,14 +86,14 @@ def _si(unit: str) -> FuncFormatter:
 
 
 @plain_text
-def score_over_time(timeline: Sequence[TimelinePoint]) -> bytes | None:
-    """OPS and regulated score as they stood at each moment of the run."""
+def score_over_time(timeline: Sequence[TimelinePoint], quality: str = "best accuracy") -> bytes | None:
+    """OPS and regulated score as they stood at each moment of the run (``quality``: what regulates it)."""
     if not timeline or not any(p["total_ops"] for p in timeline):
         return None
     fig, ax = new_figure()
     t = [p["t"] for p in timeline]
     ax.plot(t, [p["ops_per_s"] for p in timeline], label="OPS (counted operations / s)", color="#1f77b4")
-    ax.plot(t, [p["regulated"] for p in timeline], label="regulated = OPS x |ln(1 - best accuracy)|", color="#d62728")
+    ax.plot(t, [p["regulated"] for p in timeline], label=f"regulated = OPS x |ln(1 - {quality})|", color="#d62728")
     ax.yaxis.set_major_formatter(_si("OPS"))
     ax.set_xlabel("time since run start (s, master clock)", fontsize=9)
     ax.set_title("Score over time", fontsize=10)
@@ -127,6 +127,28 @@ def best_error_over_time(timeline: Sequence[TimelinePoint], epochs: pd.DataFrame
     ax.set_xlabel("time since run start (s)", fontsize=9)
     ax.set_ylabel("validation error (1 - top-1)", fontsize=9)
     ax.set_title("Best validation error over time", fontsize=10)
+    ax.legend(fontsize=8)
+    return to_png(fig)
+
+
+@plain_text
+def best_bits_per_byte_over_time(timeline: Sequence[TimelinePoint], epochs: pd.DataFrame) -> bytes | None:
+    """A language run's best validation bits per byte so far (a step line), over every epoch's own.
+
+    The best so far comes from the timeline's best quality (``8 * (1 - quality)``: exact, every
+    epoch counted, where the epochs frame may be a sample); an epoch's own from its record.
+    """
+    data = epochs.dropna(subset=["bits_per_byte"]) if "bits_per_byte" in epochs else epochs.iloc[0:0]
+    if data.empty:
+        return None
+    fig, ax = new_figure()
+    ax.scatter(data["t"], data["bits_per_byte"].astype(float), s=10, alpha=0.35, color="#7f7f7f", label="each epoch")
+    points = [(p["t"], 8.0 * (1.0 - p["best_val_acc"])) for p in timeline if p["best_val_acc"] is not None]
+    if points:
+        ax.step([p[0] for p in points], [p[1] for p in points], where="post", color="#2ca02c", label="best so far")
+    ax.set_xlabel("time since run start (s)", fontsize=9)
+    ax.set_ylabel("validation bits per byte", fontsize=9)
+    ax.set_title("Best validation bits per byte over time", fontsize=10)
     ax.legend(fontsize=8)
     return to_png(fig)
 
@@ -204,8 +226,8 @@ def busy_fraction(workers: pd.DataFrame) -> bytes | None:
 
 
 @plain_text
-def lineage(trials: pd.DataFrame) -> bytes | None:
-    """Every trial at (start time, generation), joined to its parent, coloured by its best accuracy."""
+def lineage(trials: pd.DataFrame, quality: str = "best validation accuracy") -> bytes | None:
+    """Every trial at (start time, generation), joined to its parent, coloured by its best ``quality``."""
     if trials.empty:
         return None
     fig, ax = new_figure(WIDTH * 1.55, HEIGHT * 1.45)
@@ -248,7 +270,7 @@ def lineage(trials: pd.DataFrame) -> bytes | None:
                 label=f"{kind} (no accuracy)",
             )
     if scatter is not None:
-        fig.colorbar(scatter, ax=ax, label="best validation accuracy")
+        fig.colorbar(scatter, ax=ax, label=quality)
     ax.set_xlabel("trial start (s since run start)", fontsize=9)
     ax.set_ylabel("generation (morphisms from the seed)", fontsize=9)
     locator = ax.yaxis.get_major_locator()

@@ -16,6 +16,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from aiperf.errors import os_error
 from aiperf.metrics.rules import VerdictDict
 from aiperf.metrics.score import format_ops, score_timeline
@@ -26,7 +28,7 @@ from aiperf.record.inert import inert_lines
 from aiperf.record.ledger import LEDGER_NAME, iter_ledger
 from aiperf.record.results import RunResults, load
 from aiperf.record.schema import Record, RunStartRecord
-from aiperf.record.summary import RunDigest, build_summary, format_telemetry
+from aiperf.record.summary import RunDigest, build_summary, format_rate, format_telemetry
 
 REPORT_NAME = "report.html"
 # Epochs and trials the report's plots draw at most: a longer run's are an even sample (every k-th,
@@ -220,21 +222,60 @@ def _efficiency_section(summary: dict[str, Any]) -> str:
     return '<h2 id="efficiency">Efficiency</h2>' + notes + _table(headers, rows) + references
 
 
-def _headline(summary: dict[str, Any]) -> str:
-    s, v = summary["score"], summary["verdict"]
-    acc = s.get("best_val_acc")
-    cards = [
-        ("headline", "regulated score", s["regulated_human"], "OPS x |ln(1 - best accuracy)|"),
-        ("", "OPS", s["ops_human"], f"{format_ops(s['total_ops'], 'OP')} counted in {s['wall_s']:.1f} s"),
-        ("", "AIPerf-compatible", s["aiperf_regulated_human"], "regulated, AIPerf's FLOP conventions"),
+def _language_cards(summary: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """A language run's cards beside OPS: tokens per second over the score's duration, AIPerf's count
+    (none: it counts images), and the best bits per byte with the quality they give."""
+    s, language = summary["score"], summary["language"]
+    bits, acc = language.get("best_bits_per_byte"), s.get("best_val_acc")
+    return [
+        (
+            "",
+            "tokens per second",
+            format_rate(language["tokens_per_s"], "tokens/s"),
+            f"{format_rate(language['tokens'], 'tokens')} trained in {s['wall_s']:.1f} s",
+        ),
+        ("", "AIPerf-compatible", "-", "AIPerf's conventions count images: none in a language run"),
         _steadiness_card(summary.get("steadiness")),
         _efficiency_card(summary.get("efficiency")),
         (
             "",
-            "best validation accuracy",
-            f"{acc:.4f}" if acc is not None else "-",
-            f"quality factor {s['quality']:.3f}",
+            "best validation bits per byte",
+            f"{bits:.4f}" if bits is not None else "-",
+            (f"trial {language.get('best_bits_per_byte_trial')}; " if bits is not None else "")
+            + (f"quality 1 - bits/byte / 8 = {acc:.4f}; " if acc is not None else "")
+            + f"quality factor {s['quality']:.3f}",
         ),
+    ]
+
+
+def _headline(summary: dict[str, Any]) -> str:
+    s, v = summary["score"], summary["verdict"]
+    acc = s.get("best_val_acc")
+    language = summary.get("language") is not None
+    cards = [
+        (
+            "headline",
+            "regulated score",
+            s["regulated_human"],
+            "OPS x |ln(1 - best quality)|" if language else "OPS x |ln(1 - best accuracy)|",
+        ),
+        ("", "OPS", s["ops_human"], f"{format_ops(s['total_ops'], 'OP')} counted in {s['wall_s']:.1f} s"),
+    ]
+    if language:
+        cards += _language_cards(summary)
+    else:
+        cards += [
+            ("", "AIPerf-compatible", s["aiperf_regulated_human"], "regulated, AIPerf's FLOP conventions"),
+            _steadiness_card(summary.get("steadiness")),
+            _efficiency_card(summary.get("efficiency")),
+            (
+                "",
+                "best validation accuracy",
+                f"{acc:.4f}" if acc is not None else "-",
+                f"quality factor {s['quality']:.3f}",
+            ),
+        ]
+    cards += [
         (
             "",
             "trials",
@@ -277,15 +318,28 @@ def _hostnames(header: RunStartRecord) -> dict[str, str]:
 def _plots(results: RunResults, summary: dict[str, Any]) -> str:
     timeline = results.timeline or score_timeline(results.records)
     hosts = _hostnames(results.header)
-    figures = [
+    language = _language(results)
+    quality = "best quality" if language else "best accuracy"
+    progress = (
         figure_html(
-            plots.score_over_time(timeline), "Each point is the score had the run stopped then.", "score over time"
-        ),
-        figure_html(
+            plots.best_bits_per_byte_over_time(timeline, results.epochs),
+            "Grey: each counted epoch. Green: the best validation bits per byte so far.",
+            "best validation bits per byte",
+        )
+        if language
+        else figure_html(
             plots.best_error_over_time(timeline, results.epochs),
             "Grey: each counted epoch. Green: the best validation error so far.",
             "best validation error",
+        )
+    )
+    figures = [
+        figure_html(
+            plots.score_over_time(timeline, quality),
+            "Each point is the score had the run stopped then.",
+            "score over time",
         ),
+        progress,
         figure_html(
             plots.ops_per_node(results.epochs, hosts, weight=results.epochs_stride),
             "Counted operations of the epochs each node completed, per second.",
@@ -303,11 +357,12 @@ def _plots(results: RunResults, summary: dict[str, Any]) -> str:
                 plots.utilisation(results.telemetry, hosts), format_telemetry(summary["telemetry"]), "utilisation"
             )
         )
+    colour = "best quality (1 - bits per byte / 8)" if language else "best validation accuracy"
     figures.append(
         figure_html(
-            plots.lineage(results.trials),
+            plots.lineage(results.trials, colour),
             "Each trial at its start time and generation; lines join parent to child. Marker: star seed, "
-            "circle new architecture, square re-tuned hyperparameters. Colour: best validation accuracy.",
+            f"circle new architecture, square re-tuned hyperparameters. Colour: {colour}.",
             "architecture lineage",
             wide=True,
         )
@@ -315,10 +370,52 @@ def _plots(results: RunResults, summary: dict[str, Any]) -> str:
     return f'<div class="grid">{"".join(figures)}</div>'
 
 
+def _language(results: RunResults) -> bool:
+    return results.header.family == "language"
+
+
+def _top_language_models(trials: pd.DataFrame) -> str:
+    """A language run's best trials: FLOPs per token at their sequence length, and bits per byte."""
+    rows = []
+    for rank, r in enumerate(trials.head(TOP_ARCHITECTURES).itertuples(), start=1):
+        rows.append(
+            f"<tr>{_num(rank, '{}')}<td>{_e(r.trial)}</td><td>{_e(r.kind)}</td><td><code>{_e(r.arch_id)}</code></td>"
+            f"{_num(r.depth, '{}')}{_num(r.params)}"
+            f"{_num(r.flops_train_per_token, '{:,.0f}')}{_num(r.flops_eval_per_token, '{:,.0f}')}"
+            f"{_num(r.batch_size, '{}')}{_num(r.seq_len, '{}')}{_num(r.learning_rate, '{:.3g}')}{_num(r.epochs, '{}')}"
+            f"{_num(r.best_bits_per_byte, '{:.4f}')}{_num(r.best_val_acc, '{:.4f}')}"
+            f"<td>{_e(r.status)}</td><td>{_e(r.lineage)}</td></tr>"
+        )
+    headers = [
+        "#",
+        "trial",
+        "kind",
+        "architecture",
+        "generation",
+        "params",
+        "train FLOPs/token",
+        "eval FLOPs/token",
+        "batch (sequences)",
+        "sequence length",
+        "learning rate",
+        "epochs",
+        "best bits/byte",
+        "quality",
+        "status",
+        "morphisms",
+    ]
+    return _table(headers, rows, sortable=True)
+
+
 def _top_architectures(results: RunResults) -> str:
     trials = results.trials.dropna(subset=["best_val_acc"]).sort_values(
         ["best_val_acc", "start_t"], ascending=[False, True], kind="stable"
     )
+    shown = min(TOP_ARCHITECTURES, len(trials))
+    total = max(results.trials_total, len(results.trials))
+    if _language(results):
+        note = f'<p class="sub">The {shown} best of {total} trials (lowest bits per byte); click a column to sort.</p>'
+        return note + _top_language_models(trials)
     rows = []
     for rank, r in enumerate(trials.head(TOP_ARCHITECTURES).itertuples(), start=1):
         rows.append(
@@ -344,8 +441,6 @@ def _top_architectures(results: RunResults) -> str:
         "status",
         "morphisms",
     ]
-    shown = min(TOP_ARCHITECTURES, len(trials))
-    total = max(results.trials_total, len(results.trials))
     note = f'<p class="sub">The {shown} most accurate of {total} trials; click a column to sort.</p>'
     return note + _table(headers, rows, sortable=True)
 
@@ -460,6 +555,22 @@ def _system(header: RunStartRecord, summary: dict[str, Any]) -> str:
     ]
     ds = header.dataset
     split = ds.split
+    family = (
+        [
+            ("train tokens", ds.train_tokens),
+            ("validation tokens", ds.eval_tokens),
+            ("vocabulary", ds.vocab_size),
+            ("tokenizer", ds.tokenizer),
+            ("bytes per token", ds.bytes_per_token),
+        ]
+        if header.family == "language"
+        else [
+            ("train images", ds.train_images),
+            ("validation images", ds.eval_images),
+            ("input shape", ds.input_shape),
+            ("classes", ds.num_classes),
+        ]
+    )
     split_text = (
         f"{_or_unknown(split.method)}, seed {_or_unknown(split.seed)}, disjoint: {split.disjoint}"
         if split is not None
@@ -468,10 +579,7 @@ def _system(header: RunStartRecord, summary: dict[str, Any]) -> str:
     dataset_items = [
         ("name", ds.name),
         ("source", ds.source),
-        ("train images", ds.train_images),
-        ("validation images", ds.eval_images),
-        ("input shape", ds.input_shape),
-        ("classes", ds.num_classes),
+        *family,
         ("storage", ds.storage or ("stream" if ds.streaming else "memory")),
         ("split", split_text),
         ("fingerprint", ds.fingerprint),

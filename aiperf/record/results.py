@@ -2,7 +2,9 @@
 
 ``load(run_dir)`` reads the ledger (and ``telemetry.jsonl`` when present) and returns one
 frame per kind of fact: trials (one row per trial, its latest attempt), epochs (one row per
-counted epoch), workers and telemetry (one row per node, device and sample). Times are the
+counted epoch), workers and telemetry (one row per node, device and sample). A language run's
+rows fill the token columns (``train_tokens``, ``bits_per_byte``, ``flops_train_per_token``,
+``seq_len``, ...) and leave the image ones empty, and an image run's the other way round. Times are the
 master clock ``t`` of the ledger throughout; telemetry samples, which carry Unix time, are
 mapped onto it through the ledger records around them.
 
@@ -51,6 +53,8 @@ EPOCH_COLUMNS = [
     "node",
     "train_images",
     "eval_images",
+    "train_tokens",
+    "eval_tokens",
     "batch_size",
     "train_ops",
     "eval_ops",
@@ -60,6 +64,7 @@ EPOCH_COLUMNS = [
     "train_loss",
     "val_acc",
     "val_loss",
+    "bits_per_byte",
     "train_s",
     "eval_s",
     "data_wait_s",
@@ -76,11 +81,15 @@ TRIAL_COLUMNS = [
     "params",
     "flops_train_per_image",
     "flops_eval_per_image",
+    "flops_train_per_token",
+    "flops_eval_per_token",
     "learning_rate",
     "batch_size",
     "weight_decay",
     "dropout",
     "kernel_size",
+    "seq_len",
+    "warmup_fraction",
     "epochs_planned",
     "lineage",
     "worker",
@@ -91,6 +100,7 @@ TRIAL_COLUMNS = [
     "status",
     "epochs",
     "best_val_acc",
+    "best_bits_per_byte",
     "ops",
     "depth",
 ]
@@ -186,17 +196,22 @@ class _Trials:
                 "params": r.params,
                 "flops_train_per_image": flops.train_per_image,
                 "flops_eval_per_image": flops.eval_per_image,
+                "flops_train_per_token": flops.train_per_token,
+                "flops_eval_per_token": flops.eval_per_token,
                 "learning_rate": hp.learning_rate,
                 "batch_size": hp.batch_size,
                 "weight_decay": hp.weight_decay,
                 "dropout": hp.dropout,
                 "kernel_size": hp.kernel_size,
+                "seq_len": hp.seq_len,
+                "warmup_fraction": hp.warmup_fraction,
                 "epochs_planned": hp.epochs,
                 "lineage": " ; ".join(r.lineage),
                 "start_t": r.t,
                 "status": "running",
                 "attempts": 0,
                 "ops": 0.0,
+                "best_bits_per_byte": None,  # a language trial's lowest validation bits per byte
                 "_best": None,
                 "_order": self.order,
             }
@@ -209,6 +224,10 @@ class _Trials:
             row["ops"] += float(r.ops) if r.ops is not None else 0.0
             acc = float(r.val_acc)
             row["_best"] = acc if row["_best"] is None else max(row["_best"], acc)
+            if r.bits_per_byte is not None:
+                bits = float(r.bits_per_byte)
+                lowest = row["best_bits_per_byte"]
+                row["best_bits_per_byte"] = bits if lowest is None else min(lowest, bits)
 
     def end(self, r: TrialEndRecord) -> None:
         row = self.rows.pop(r.trial, None)

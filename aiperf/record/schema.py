@@ -224,6 +224,12 @@ class DatasetHeader(_Shape):
     split: _Split | None = None
     source: str | None = None
     streaming: bool | None = None
+    # A language-model workload (RunStartRecord.family "language"): its tokens instead of images.
+    train_tokens: Count | None = None
+    eval_tokens: Count | None = None
+    vocab_size: Count | None = None
+    tokenizer: str | None = None
+    bytes_per_token: Quantity | None = None  # text bytes per token: bits per byte = nats per token / ln 2 / this
 
 
 class _Node(_Shape):
@@ -391,15 +397,22 @@ class RunStartRecord(Record):
     rules: RulesHeader = RulesHeader()
     versions: dict[str, Any] = {}
     system: SystemHeader = SystemHeader()
-    seed_architecture: dict[str, Any] | None = None
+    # image: convolutional networks on images (nas.graph); language: transformer LMs on tokens (nas.transformer).
+    # Absent before 2026-11-26: image.
+    family: Literal["image", "language"] = "image"
+    seed_architecture: dict[str, Any] | None = None  # the family's own format: a graph, or a transformer spec
 
 
 class TrialFlops(_Shape):
+    """Operations per example: per image for an image trial, per token (at the trial's seq_len) for a language one."""
+
     forward: Quantity | None = None
     backward: Quantity | None = None
     update_per_step: Quantity | None = None
-    train_per_image: Quantity
+    train_per_image: Quantity | None = None  # an image trial's (required there: verify checks it)
     eval_per_image: Quantity | None = None
+    train_per_token: Quantity | None = None  # a language trial's, its optimizer update spread over a step's tokens
+    eval_per_token: Quantity | None = None
 
 
 class TrialHparams(_Shape):
@@ -409,6 +422,8 @@ class TrialHparams(_Shape):
     dropout: Fraction | None = None
     kernel_size: Positive | None = None
     epochs: Positive | None = None
+    warmup_fraction: Fraction | None = None  # language trials: share of the updates that warm the rate up
+    seq_len: Positive | None = None  # language trials: tokens per training sequence
 
 
 class TrialStartRecord(Record):
@@ -420,7 +435,8 @@ class TrialStartRecord(Record):
     morphs: list[dict[str, Any]] = []
     lineage: list[str] = []
     arch_id: str
-    graph: dict[str, Any] | None = None
+    graph: dict[str, Any] | None = None  # an image trial's architecture (nas.serialize)
+    transformer: dict[str, Any] | None = None  # a language trial's (nas.transformer, format aiperf-transformer)
     hparams: TrialHparams = TrialHparams()
     flops: TrialFlops
     params: Count
@@ -446,10 +462,15 @@ class EpochRecord(Record):
     eval_ops: Quantity | None = None
     ops: Quantity | None = None
     aiperf_ops: Quantity | None = None
+    # The validation quality the search maximises and the score regulates: top-1 accuracy for an
+    # image trial; 1 - bits_per_byte / 8 for a language one (docs/llm.md, "Quality").
     val_acc: Fraction
     train_acc: Number | None = None
     train_loss: Number | None = None
     val_loss: Number | None = None
+    bits_per_byte: Quantity | None = None  # language trials: validation bits per byte of text
+    train_tokens: Count | None = None  # language trials: tokens trained on (train_images: their sequences)
+    eval_tokens: Count | None = None
     train_s: Quantity | None = None
     eval_s: Quantity | None = None
     data_wait_s: Quantity | None = None
@@ -678,6 +699,9 @@ _FAST_RULES: dict[str, dict[str, _Rule]] = {
         "train_acc": _OPT_NUMBER,
         "train_loss": _OPT_NUMBER,
         "val_loss": _OPT_NUMBER,
+        "bits_per_byte": _OPT_QTY,
+        "train_tokens": _OPT_COUNT,
+        "eval_tokens": _OPT_COUNT,
         "train_s": _OPT_QTY,
         "eval_s": _OPT_QTY,
         "data_wait_s": _OPT_QTY,
@@ -714,6 +738,7 @@ _FAST_RULES: dict[str, dict[str, _Rule]] = {
         "lineage": _Rule((list,), items=str),
         "arch_id": _STR,
         "graph": _Rule((dict,), optional=True),
+        "transformer": _Rule((dict,), optional=True),
         "params": _COUNT,
         "worker": _OPT_STR,
         "node": _OPT_STR,
@@ -736,6 +761,8 @@ _NESTED_RULES: dict[str, dict[str, tuple[type[_Shape], dict[str, _Rule]]]] = {
                 "dropout": _OPT_FRACTION,
                 "kernel_size": _OPT_POSITIVE,
                 "epochs": _OPT_POSITIVE,
+                "warmup_fraction": _OPT_FRACTION,
+                "seq_len": _OPT_POSITIVE,
             },
         ),
         "flops": (
@@ -744,8 +771,10 @@ _NESTED_RULES: dict[str, dict[str, tuple[type[_Shape], dict[str, _Rule]]]] = {
                 "forward": _OPT_QTY,
                 "backward": _OPT_QTY,
                 "update_per_step": _OPT_QTY,
-                "train_per_image": _QTY,
+                "train_per_image": _OPT_QTY,
                 "eval_per_image": _OPT_QTY,
+                "train_per_token": _OPT_QTY,
+                "eval_per_token": _OPT_QTY,
             },
         ),
     },

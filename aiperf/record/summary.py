@@ -47,6 +47,32 @@ SUMMARY_NAME = "summary.json"
 # 16.4 MB at 65,536 workers and 33 MB at 131,072 (the most a run may have; aiperf.config.MAX_WORKERS).
 MAX_SUMMARY_BYTES = 64 * 2**20
 STARVED_FRACTION = 0.10  # a worker waiting longer than this share of its step time for input is starved
+BITS_PER_BYTE_SCALE = 8.0  # a language epoch's quality: 1 - bits_per_byte / 8 (raw bytes: 8 bits each)
+
+
+def language_quality(bits_per_byte: float) -> float:
+    """The quality a language epoch records as ``val_acc``: ``1 - bits_per_byte / 8``, clamped to [0, 1].
+
+    What the search maximises and the score regulates, as top-1 accuracy is for an image run;
+    ``aiperf verify`` holds each language epoch's ``val_acc`` to it.
+    """
+    return min(1.0, max(0.0, 1.0 - bits_per_byte / BITS_PER_BYTE_SCALE))
+
+
+def is_language(start: RunStartRecord) -> bool:
+    """Whether a run trains language models (``run_start.family``; ledgers before it are image runs)."""
+    return start.family == "language"
+
+
+class LanguageSummary(TypedDict):
+    """The summary's ``language`` section (a language run's only): tokens and bits per byte."""
+
+    tokens: int  # training tokens of the counted epochs
+    eval_tokens: int  # validation tokens of the counted epochs
+    tokens_per_s: float  # tokens / the score's duration (score.wall_s, the run's recorded end)
+    best_bits_per_byte: float | None  # the lowest validation bits per byte of any counted epoch
+    best_bits_per_byte_trial: str | None
+    best_bits_per_byte_epoch: int | None
 
 
 class WorkerLife(TypedDict):
@@ -178,7 +204,14 @@ def _header(records: list[Record], source: object) -> RunStartRecord:
     return start
 
 
-_BestInfo = tuple[str, int, str, list[str], float]  # arch_id, params, kind, lineage, flops.train_per_image
+# arch_id, params, kind, lineage, flops.train_per_image (a language trial's train_per_token)
+_BestInfo = tuple[str, int, str, list[str], float | None]
+
+
+def _best_info(rec: TrialStartRecord, language: bool) -> _BestInfo:
+    flops = rec.flops
+    per_example = flops.train_per_token if language else flops.train_per_image
+    return (rec.arch_id, rec.params, rec.kind, rec.lineage, per_example)
 
 
 class RunDigest:
@@ -231,6 +264,11 @@ class RunDigest:
         self.bad_missing = 0
         self.failed_count = 0
         self.first_failed: WorkerFailedRecord | None = None
+        # a language run (run_start.family): tokens trained and evaluated, the lowest bits per byte
+        self.language = False
+        self.train_tokens = 0
+        self.eval_tokens = 0
+        self.best_bits: tuple[float, str, int] | None = None  # bits_per_byte, trial, epoch
 
     def add(self, rec: Record) -> None:
         if self.start is None:
@@ -238,6 +276,7 @@ class RunDigest:
                 raise AiperfError(f"{self.source}: the ledger does not begin with a run_start record")
             self.start = rec
             self.workers = _Workers(keep_last=bool(rec.system.kinds))
+            self.language = is_language(rec)
         self.count += 1
         self.last_hash = rec.hash
         if rec.type != RecordType.AUDIT:
@@ -250,8 +289,7 @@ class RunDigest:
             if flags is None or not flags & self._STARTED:
                 self.started += 1
                 self.trial_flags[rec.trial] = (flags or 0) | self._STARTED
-                info = (rec.arch_id, rec.params, rec.kind, rec.lineage, rec.flops.train_per_image)
-                self.open_info[rec.trial] = info
+                self.open_info[rec.trial] = _best_info(rec, self.language)
             self.arch_ids.add(rec.arch_id)
         elif isinstance(rec, TrialEndRecord):
             status = rec.status.value
@@ -294,6 +332,12 @@ class RunDigest:
         self.hi.append(end)
         self.amount.append(ops)
         self.node_epochs.add(rec)
+        if self.language:
+            self.train_tokens += rec.train_tokens or 0
+            self.eval_tokens += rec.eval_tokens or 0
+            bits = rec.bits_per_byte
+            if bits is not None and (self.best_bits is None or bits < self.best_bits[0]):
+                self.best_bits = (bits, rec.trial, rec.epoch)
         if rec.data_wait_s is not None:
             self.measured += 1
             wait_train = self.wait.setdefault(rec.worker or "?", [0.0, 0.0])
@@ -314,11 +358,11 @@ class RunDigest:
         info = self.best_info
         if info is None and self.reread is not None:  # its trial had ended before it: find its start again
             ts = next(r for r in self.reread() if isinstance(r, TrialStartRecord) and r.trial == best.trial)
-            info = (ts.arch_id, ts.params, ts.kind, ts.lineage, ts.flops.train_per_image)
+            info = _best_info(ts, self.language)
         if info is None:
             raise AiperfError(f"the ledger's best epoch (seq {best.seq}) belongs to a trial that never started")
-        arch_id, params, kind, lineage, train_per_image = info
-        return {
+        arch_id, params, kind, lineage, train_per_example = info
+        out = {
             "trial": best.trial,
             "epoch": best.epoch,
             "val_acc": best.val_acc,
@@ -326,7 +370,23 @@ class RunDigest:
             "params": params,
             "kind": kind,
             "lineage": lineage,
-            "flops_train_per_image": train_per_image,
+        }
+        if self.language:
+            out.update(flops_train_per_token=train_per_example, bits_per_byte=best.bits_per_byte)
+        else:
+            out["flops_train_per_image"] = train_per_example
+        return out
+
+    def _language_summary(self, score: Score) -> LanguageSummary:
+        """A language run's tokens, their rate over the score's duration, and its best bits per byte."""
+        best = self.best_bits
+        return {
+            "tokens": self.train_tokens,
+            "eval_tokens": self.eval_tokens,
+            "tokens_per_s": self.train_tokens / score.wall_s if score.wall_s > 0 else 0.0,
+            "best_bits_per_byte": best[0] if best is not None else None,
+            "best_bits_per_byte_trial": best[1] if best is not None else None,
+            "best_bits_per_byte_epoch": best[2] if best is not None else None,
         }
 
     def summary(self) -> dict[str, Any]:
@@ -343,7 +403,7 @@ class RunDigest:
         steady = steadiness_of(width, rates, self.epochs)
         stop = self.stop
         dataset, plan = start.dataset, start.plan
-        return {
+        summary: dict[str, Any] = {
             "run_id": start.run_id,
             "name": start.config.run.name,
             "status": stop.status.value if stop else "running or killed",
@@ -391,6 +451,17 @@ class RunDigest:
             "worker_start_failures": self._start_failures(),
             "ledger": {"records": self.count, "last_hash": self.last_hash},
         }
+        if self.language:  # an image run's summary keeps exactly its keys (published summaries still verify)
+            summary["family"] = "language"
+            summary["dataset"].update(
+                train_tokens=dataset.train_tokens,
+                eval_tokens=dataset.eval_tokens,
+                vocab_size=dataset.vocab_size,
+                tokenizer=dataset.tokenizer,
+                bytes_per_token=dataset.bytes_per_token,
+            )
+            summary["language"] = self._language_summary(score)
+        return summary
 
     def _workers_summary(self, w: _Workers) -> WorkersSummary:
         return {
@@ -547,7 +618,7 @@ def format_summary(summary: dict[str, Any], run_dir: str | Path) -> str:
     summary = inert_tree(summary)
     s, v = summary["score"], summary["verdict"]
     acc = s.get("best_val_acc")
-    best = summary.get("best") or {}
+    language = summary.get("language")
     devices = summary["devices"]
     where = ", ".join(f"{n} x {k}" for k, n in devices["workers_by_device"].items()) or "no workers recorded"
     lines = [
@@ -555,11 +626,11 @@ def format_summary(summary: dict[str, Any], run_dir: str | Path) -> str:
         f"  score (OPS)          {s['ops_human']}  = {format_ops(s['total_ops'], 'OP')} counted"
         f" over {s['wall_s']:.1f} s",
         f"  regulated score      {s['regulated_human']}  = OPS x |ln(1 - {acc if acc is not None else 0:.4f})|",
-        f"  AIPerf-compatible    {s['aiperf_regulated_human']}  (regulated, AIPerf's FLOP conventions)",
+        f"  AIPerf-compatible    {s['aiperf_regulated_human']}  (regulated, AIPerf's FLOP conventions)"
+        if language is None
+        else "  AIPerf-compatible    - (AIPerf's conventions count images: none in a language run)",
         f"  steadiness           {format_steadiness(summary.get('steadiness'))}",
-        f"  best val accuracy    {acc:.4f} (trial {best.get('trial')}, {best.get('params', 0):,} params)"
-        if acc is not None
-        else "  best val accuracy    - (no epoch completed)",
+        format_best(summary),
         f"  trials               {summary['trials']['started']} started, {summary['trials']['by_status']},"
         f" {summary['trials']['distinct_architectures']} distinct architectures, "
         f"{summary['trials']['epochs_counted']} epochs counted",
@@ -568,6 +639,8 @@ def format_summary(summary: dict[str, Any], run_dir: str | Path) -> str:
         f"  efficiency           {format_efficiency(summary.get('efficiency'))}",
         f"  verdict              {v['headline']}",
     ]
+    if language is not None:  # beside the score: the same duration divides both
+        lines.insert(2, f"  tokens               {format_tokens(language, s['wall_s'])}")
     if summary["status"] == "failed":
         lines.insert(1, f"  failed because       {summary.get('stop_reason')}")
     workers = summary["workers"]  # summarize always writes it, as the sections below
@@ -590,6 +663,36 @@ def format_summary(summary: dict[str, Any], run_dir: str | Path) -> str:
         lines.append(f"  energy               {format_energy(summary['energy'])}")
     lines.append(f"  results              {inert(run_dir)}")
     return "\n".join(lines)
+
+
+def format_best(summary: dict[str, Any]) -> str:
+    """The best epoch's line: its top-1 accuracy, or a language run's bits per byte and the quality they give."""
+    acc, best = summary["score"].get("best_val_acc"), summary.get("best") or {}
+    language = summary.get("language")
+    if language is not None:
+        bits = language.get("best_bits_per_byte")
+        if acc is None or bits is None:
+            return "  best bits per byte   - (no epoch completed)"
+        where = f"validation, trial {language.get('best_bits_per_byte_trial')}"
+        if language.get("best_bits_per_byte_trial") == best.get("trial"):
+            where += f", {best.get('params', 0):,} params"
+        return f"  best bits per byte   {bits:.4f} ({where}; quality 1 - bits per byte / 8 = {acc:.4f})"
+    if acc is None:
+        return "  best val accuracy    - (no epoch completed)"
+    return f"  best val accuracy    {acc:.4f} (trial {best.get('trial')}, {best.get('params', 0):,} params)"
+
+
+def format_rate(value: float, unit: str) -> str:
+    """``12.3 k tokens/s``: three significant digits with an SI prefix, the unit a word apart."""
+    return f"{format_ops(value, '').rstrip()} {unit}"
+
+
+def format_tokens(language: LanguageSummary, wall_s: float) -> str:
+    """One line: a language run's tokens trained and their rate over the score's duration."""
+    return (
+        f"{format_rate(language['tokens_per_s'], 'tokens/s')}  = {format_rate(language['tokens'], 'tokens')}"
+        f" trained over {wall_s:.1f} s ({format_rate(language['eval_tokens'], 'tokens')} evaluated)"
+    )
 
 
 def format_steadiness(steady: dict[str, Any] | None) -> str:

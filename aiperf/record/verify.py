@@ -13,7 +13,9 @@ Four independent checks, each of which an edit to the results must get past:
    ``resume`` after a ``run_stop``;
 3. the operation counts: every trial's FLOPs are recounted from the architecture stored in
    its ``trial_start`` record, and every epoch's ``train_ops``, ``eval_ops``, ``ops`` and
-   ``aiperf_ops`` from those FLOPs, the epoch's image counts and its batch size;
+   ``aiperf_ops`` from those FLOPs, the epoch's image counts and its batch size (a language
+   run's trials: per token, from their ``transformer``, ``seq_len`` and batch size, and each
+   epoch's operations from its token counts; its quality from its bits per byte);
 4. the claims: the summary (score, validity rules, trial counts, the ledger's record count
    and last hash, which anchors the end of the chain) is recomputed and must equal
    ``summary.json`` field by field.
@@ -66,11 +68,13 @@ from aiperf.record.schema import (
     WorkerRecord,
     checked_record,
 )
-from aiperf.record.summary import MAX_SUMMARY_BYTES, SUMMARY_NAME, RunDigest, build_summary
+from aiperf.record.summary import MAX_SUMMARY_BYTES, SUMMARY_NAME, RunDigest, build_summary, language_quality
 from aiperf.record.telemetry import read_telemetry
 from nas.errors import NasError
 from nas.graph import Graph
 from nas.serialize import graph_from_dict
+from nas.transformer import TransformerSpec
+from nas.transformer_flops import TransformerFlops, transformer_flops
 
 REL_TOL = 1e-9  # JSON round-trips floats exactly; this only absorbs summation order
 MAX_LISTED = 10
@@ -569,49 +573,94 @@ def _field_mismatch(rec: Record, name: str, recorded: object, recomputed: object
 
 
 FLOPS_CACHE = 4096  # architectures whose counts are kept: a trial's children and re-tunes share its graph
+QUALITY_REL_TOL = 1e-9  # a language epoch's val_acc is computed from its bits_per_byte in one expression
+BITS_REL_TOL = 1e-6  # bits_per_byte from val_loss: the worker's ln 2 constant and the header's bytes per token
 
 
 class _Flops:
     """Every trial's FLOPs recounted from its stored architecture, and every epoch's operations from them.
 
-    The counts of the last ``FLOPS_CACHE`` architectures are kept by content; a running trial
-    keeps its own (its latest trial_start's) until it ends.
+    The counts of the last ``FLOPS_CACHE`` architectures are kept by content (an image run's graphs,
+    a language run's transformer specs); a running trial keeps its own (its latest trial_start's)
+    until it ends. Which kind a trial is comes from the run's ``run_start.family``.
     """
 
     def __init__(self) -> None:
         self.problems = _Problems()
-        self.costs: dict[str, _FixedCounts] = {}  # running trial -> its latest trial_start's counts
+        self.costs: dict[str, _FixedCounts | _LanguageTrial] = {}  # running trial -> its latest trial_start's counts
         # per architecture document: its graph and counts
         self.cache: OrderedDict[bytes, tuple[Graph, GraphCost, _FixedCounts]] = OrderedDict()
+        self.lm_cache: OrderedDict[bytes, _TransformerCounts] = OrderedDict()  # per transformer document
         self.trials = 0
+        self.language = False
+        self.bytes_per_token: float | None = None
+        self.header_seen = False
 
     def add(self, rec: Record) -> None:
-        if isinstance(rec, TrialStartRecord):
-            try:
-                key = _graph_key(rec.graph)
-                found = self.cache.get(key)
-                if found is None:
-                    graph = graph_from_dict(rec.graph)
-                    cost = count_flops(graph)
-                    found = self.cache[key] = (graph, cost, _FixedCounts(graph, cost))
-                    if len(self.cache) > FLOPS_CACHE:
-                        self.cache.popitem(last=False)
-                else:
-                    self.cache.move_to_end(key)
-                graph, cost, counts = found
-            except (NasError, AiperfError, TypeError, ValueError) as exc:
-                self.problems.add(f"{describe(rec)}: the stored architecture is not readable ({exc})")
-                return
-            if rec.trial not in self.costs:
-                self.trials += 1
-            self.costs[rec.trial] = counts
-            self.problems.extend(_check_trial_start(rec, graph, counts))
+        if isinstance(rec, RunStartRecord):
+            if not self.header_seen:  # the run's header: a later one is the bookkeeping's problem
+                self.header_seen = True
+                self.language = rec.family == "language"
+                self.bytes_per_token = _float(rec.dataset.bytes_per_token)
+        elif isinstance(rec, TrialStartRecord):
+            if self.language:
+                self._language_start(rec)
+            else:
+                self._image_start(rec)
         elif isinstance(rec, EpochRecord):
             counted = self.costs.get(rec.trial)
-            if counted is not None:
+            if isinstance(counted, _LanguageTrial):
+                self.problems.extend(_check_language_epoch(rec, counted, self.bytes_per_token))
+            elif counted is not None:
                 self.problems.extend(_check_epoch(rec, counted))
         elif isinstance(rec, TrialEndRecord):
             self.costs.pop(rec.trial, None)  # later epochs of it are an error the consistency check names
+
+    def _image_start(self, rec: TrialStartRecord) -> None:
+        try:
+            key = _graph_key(rec.graph)
+            found = self.cache.get(key)
+            if found is None:
+                graph = graph_from_dict(rec.graph)
+                cost = count_flops(graph)
+                found = self.cache[key] = (graph, cost, _FixedCounts(graph, cost))
+                if len(self.cache) > FLOPS_CACHE:
+                    self.cache.popitem(last=False)
+            else:
+                self.cache.move_to_end(key)
+            graph, cost, counts = found
+        except (NasError, AiperfError, TypeError, ValueError) as exc:
+            self.problems.add(f"{describe(rec)}: the stored architecture is not readable ({exc})")
+            return
+        if rec.trial not in self.costs:
+            self.trials += 1
+        self.costs[rec.trial] = counts
+        self.problems.extend(_check_trial_start(rec, graph, counts))
+
+    def _language_start(self, rec: TrialStartRecord) -> None:
+        if rec.transformer is None:
+            self.problems.add(f"{describe(rec)}: a trial of a language run without its architecture (transformer)")
+            return
+        try:
+            key = _graph_key(rec.transformer)
+            counts = self.lm_cache.get(key)
+            if counts is None:
+                counts = self.lm_cache[key] = _TransformerCounts(TransformerSpec.from_dict(rec.transformer))
+                if len(self.lm_cache) > FLOPS_CACHE:
+                    self.lm_cache.popitem(last=False)
+            else:
+                self.lm_cache.move_to_end(key)
+        except (NasError, TypeError, ValueError) as exc:
+            self.problems.add(f"{describe(rec)}: the stored transformer is not readable ({exc})")
+            return
+        problems, trial = _check_language_start(rec, counts)
+        self.problems.extend(problems)
+        if rec.trial not in self.costs:
+            self.trials += 1
+        if trial is None:
+            self.costs.pop(rec.trial, None)  # its epochs cannot be recounted: the start's problem says why
+        else:
+            self.costs[rec.trial] = trial
 
 
 def _graph_key(graph: object) -> bytes:
@@ -704,6 +753,133 @@ def _check_epoch(rec: EpochRecord, counts: _FixedCounts) -> list[str]:
     ):
         if not _close(recorded, value):
             problems.append(_field_mismatch(rec, name, recorded, value))
+    return problems
+
+
+# --- 3b. a language run's counts: per token, from the trial's transformer, seq_len and batch size --------
+
+
+class _TransformerCounts:
+    """One transformer spec's counts, taken once per sequence length and step size (a long run has many
+    trials of one spec: its re-tunes)."""
+
+    __slots__ = ("by_len", "per_step", "spec")
+
+    def __init__(self, spec: TransformerSpec) -> None:
+        self.spec = spec
+        self.by_len: dict[int, TransformerFlops] = {}
+        self.per_step: dict[tuple[int, int], float] = {}
+
+    def flops(self, seq_len: int) -> TransformerFlops:
+        """``transformer_flops(spec, seq_len)``; a sequence length the spec cannot take raises NasError."""
+        found = self.by_len.get(seq_len)
+        if found is None:
+            found = self.by_len[seq_len] = transformer_flops(self.spec, seq_len)
+        return found
+
+    def train_per_token(self, seq_len: int, batch_size: int) -> float:
+        key = (seq_len, batch_size)
+        found = self.per_step.get(key)
+        if found is None:
+            found = self.per_step[key] = self.flops(seq_len).train_per_token(batch_size * seq_len)
+        return found
+
+
+class _LanguageTrial:
+    """What a language trial's epochs are recounted with: its spec's counts, its seq_len and batch size."""
+
+    __slots__ = ("batch_size", "counts", "seq_len")
+
+    def __init__(self, counts: _TransformerCounts, seq_len: int, batch_size: int) -> None:
+        self.counts = counts
+        self.seq_len = seq_len
+        self.batch_size = batch_size
+
+
+def _check_language_start(rec: TrialStartRecord, counts: _TransformerCounts) -> tuple[list[str], _LanguageTrial | None]:
+    """A language trial's params and per-token FLOPs against its transformer at its seq_len and batch size;
+    returns the problems and what its epochs are recounted with (None when they cannot be)."""
+    problems = []
+    spec = counts.spec
+    if rec.params != spec.params():
+        problems.append(_field_mismatch(rec, "params", rec.params, spec.params()))
+    flops = rec.flops
+    for name in ("train_per_image", "eval_per_image"):
+        if getattr(flops, name) is not None:
+            problems.append(f"{describe(rec)}: flops.{name} on a language trial (its counts are per token)")
+    seq_len, batch = rec.hparams.seq_len, rec.hparams.batch_size
+    if seq_len is None or batch is None:
+        missing = "hparams.seq_len" if seq_len is None else "hparams.batch_size"
+        problems.append(f"{describe(rec)}: {missing} is missing (a language trial's FLOPs per token depend on it)")
+        return problems, None
+    try:
+        per_token = counts.flops(seq_len)
+        train_per_token = counts.train_per_token(seq_len, batch)
+    except NasError as exc:
+        problems.append(f"{describe(rec)}: hparams.seq_len {seq_len} does not fit the stored transformer ({exc})")
+        return problems, None
+    expected: list[tuple[str, float | None, float]] = [
+        ("forward", flops.forward, per_token.forward(1)),
+        ("backward", flops.backward, per_token.backward(1)),
+        ("update_per_step", flops.update_per_step, per_token.update_per_step),
+        ("train_per_token", flops.train_per_token, train_per_token),
+        ("eval_per_token", flops.eval_per_token, per_token.forward(1)),
+    ]
+    for name, recorded, value in expected:
+        if not _close(recorded, value):
+            problems.append(_field_mismatch(rec, f"flops.{name}", recorded, value))
+    return problems, _LanguageTrial(counts, seq_len, batch)
+
+
+def _check_language_epoch(rec: EpochRecord, trial: _LanguageTrial, bytes_per_token: float | None) -> list[str]:
+    """A language epoch's operations from its token counts, its tokens from its sequences, its quality
+    from its bits per byte (and those from its validation loss, where the header states bytes per token)."""
+    problems = []
+    if rec.aiperf_ops is not None:
+        problems.append(f"{describe(rec)}: aiperf_ops on a language epoch (AIPerf's count is of images only)")
+    train_tokens, eval_tokens = rec.train_tokens, rec.eval_tokens
+    if train_tokens is None or eval_tokens is None:
+        missing = "train_tokens" if train_tokens is None else "eval_tokens"
+        problems.append(f"{describe(rec)}: {missing} is missing (a language epoch's operations are counted per token)")
+    else:
+        seq_len = trial.seq_len
+        for name, tokens, windows in (
+            ("train_tokens", train_tokens, rec.train_images),
+            ("eval_tokens", eval_tokens, rec.eval_images),
+        ):
+            if windows is not None and tokens != windows * seq_len:
+                problems.append(
+                    f"{describe(rec)}: {name} is {tokens!r} but {windows:,} sequences of {seq_len} tokens hold "
+                    f"{windows * seq_len:,}"
+                )
+        flops = trial.counts.flops(seq_len)
+        train = float(trial.counts.train_per_token(seq_len, trial.batch_size) * train_tokens)
+        evaluation = float(flops.forward(1) * eval_tokens)
+        for name, recorded, value in (
+            ("train_ops", rec.train_ops, train),
+            ("eval_ops", rec.eval_ops, evaluation),
+            ("ops", rec.ops, train + evaluation),
+        ):
+            if not _close(recorded, value):
+                problems.append(_field_mismatch(rec, name, recorded, value))
+    bits = _float(rec.bits_per_byte)
+    if bits is None:
+        problems.append(f"{describe(rec)}: bits_per_byte is missing (a language epoch's quality is computed from it)")
+        return problems
+    quality = language_quality(bits)
+    if not math.isclose(float(rec.val_acc), quality, rel_tol=QUALITY_REL_TOL, abs_tol=1e-12):
+        problems.append(
+            f"{describe(rec)}: val_acc is {rec.val_acc!r} but bits_per_byte {bits!r} gives the quality "
+            f"{quality!r} (1 - bits_per_byte / 8)"
+        )
+    loss = _float(rec.val_loss)
+    if loss is not None and bytes_per_token:
+        from_loss = loss / math.log(2.0) / bytes_per_token
+        if not math.isclose(bits, from_loss, rel_tol=BITS_REL_TOL, abs_tol=1e-12):
+            problems.append(
+                f"{describe(rec)}: bits_per_byte is {bits!r} but val_loss {loss!r} nats per token at "
+                f"{bytes_per_token!r} bytes per token gives {from_loss!r}"
+            )
     return problems
 
 
