@@ -31,7 +31,8 @@ from aiperf.errors import AiperfError, excerpt
 from nas.defaults import DEFAULT_HPARAMS, HPARAM_RANGES, SEARCH
 
 DEFAULT_CONFIG = "default"
-BUILTIN_CONFIGS = ("default", "smoke", "imagenet", "fashion_mnist", "synthetic")
+BUILTIN_CONFIGS = ("default", "smoke", "imagenet", "fashion_mnist", "synthetic", "llm", "llm-official")
+LANGUAGE_DATASETS = ("text", "token_shards")  # datasets of the language-model workload (docs/llm.md)
 MAX_CONFIG_BYTES = 64 * 1024  # the largest built-in config is about 1 KB
 MAX_OVERRIDE_CHARS = 16 * 1024  # one --set value (a long dataset path fits)
 MAX_YAML_DEPTH = 16  # configs nest three levels (section, key, list)
@@ -134,8 +135,12 @@ class SyntheticConfig(_Section):
 
 
 class DatasetConfig(_Section):
-    name: Literal["mnist", "digits", "fashion_mnist", "cifar10", "image_folder", "tfrecord", "synthetic"] = "mnist"
-    path: str | None = Field(None, description="folder or file for fashion_mnist, cifar10, image_folder and tfrecord")
+    name: Literal[
+        "mnist", "digits", "fashion_mnist", "cifar10", "image_folder", "tfrecord", "synthetic", "text", "token_shards"
+    ] = "mnist"
+    path: str | None = Field(
+        None, description="folder or file for fashion_mnist, cifar10, image_folder, tfrecord and token_shards"
+    )
     validation_fraction: float = Field(0.2, gt=0, lt=1)
     split_seed: int = Field(0, ge=0, le=MAX_SEED)
     image_size: tuple[ImageSide, ImageSide] | None = Field(
@@ -350,6 +355,72 @@ class RulesConfig(_Section):
     min_precision_bits: int = Field(16, ge=8, le=64)
 
 
+class LMSeedConfig(_Section):
+    """The language search's seed model when ``lm.seed_architecture`` is ``seed``."""
+
+    blocks: int = Field(2, ge=1, le=64)
+    width: int = Field(128, ge=8, le=16_384)
+    heads: int = Field(4, ge=1, le=256)
+    head_dim: int = Field(32, ge=4, le=512)
+    mlp_hidden: int = Field(512, ge=8, le=65_536)
+    context: int = Field(128, ge=8, le=32_768, description="the model's longest sequence (its position table)")
+
+
+class LMConfig(_Section):
+    """The language-model workload: used when dataset.name is text or token_shards (docs/llm.md)."""
+
+    corpus: Literal["python", "pydoc", "stdlib"] = Field(
+        "python", description="text: the corpus every Python installation carries (docs/lm-data.md)"
+    )
+    max_bytes: int | None = Field(None, ge=1024, le=1 << 30, description="text: read at most this many bytes")
+    bytes_per_token: float | None = Field(
+        None, gt=0, le=1e3, description="token_shards of a tokenizer other than bytes: text bytes per token"
+    )
+    seed_architecture: str = Field(
+        "seed", max_length=4096, description="seed (sized by lm.seed) or the path of an aiperf-transformer JSON"
+    )
+    seed: LMSeedConfig = LMSeedConfig()
+    steps_per_epoch: int = Field(20, ge=1, le=1 << 20, description="optimizer steps of one trial epoch")
+    eval_windows: int = Field(32, ge=1, le=1 << 16, description="validation sequences every evaluation uses")
+    learning_rate: float = Field(3e-3, gt=0, le=1)
+    warmup_fraction: float = Field(0.05, ge=0, lt=1)
+    weight_decay: float = Field(0.01, ge=0, le=1)
+    batch_size: int = Field(32, ge=1, le=1 << 16, description="sequences per step (default trial)")
+    seq_len: int = Field(128, ge=2, le=32_768, description="tokens per sequence (default trial)")
+    hpo_learning_rate: tuple[float, float] = (3e-4, 1e-2)
+    hpo_warmup_fraction: tuple[float, float] = (0.0, 0.2)
+    hpo_weight_decay: tuple[float, float] = (1e-4, 0.3)
+    hpo_batch_sizes: list[int] = [16, 32, 64]
+    hpo_seq_lens: list[int] = [64, 128]
+    max_batch_tokens: int = Field(
+        16_384, ge=2, le=1 << 24, description="sequences x tokens of one step at most (what a device holds)"
+    )
+    max_blocks: int = Field(12, ge=1, le=1024)
+    max_params: int = Field(20_000_000, ge=1, le=10**12)
+    max_train_flops_per_token: float = Field(2e8, gt=0, le=1e15, description="training FLOPs per token at context")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> LMConfig:
+        for name in ("hpo_learning_rate", "hpo_warmup_fraction", "hpo_weight_decay"):
+            lo, hi = getattr(self, name)
+            if lo > hi:
+                raise ValueError(f"{name}: low {lo} exceeds high {hi}")
+        if not self.hpo_batch_sizes or not self.hpo_seq_lens:
+            raise ValueError("hpo_batch_sizes and hpo_seq_lens must not be empty")
+        if min(self.hpo_batch_sizes) < 1 or max(self.hpo_batch_sizes) > 1 << 16:
+            raise ValueError("hpo_batch_sizes must hold integers from 1 to 65,536")
+        if min(self.hpo_seq_lens) < 2 or max(self.hpo_seq_lens) > 32_768:
+            raise ValueError("hpo_seq_lens must hold integers from 2 to 32,768")
+        if self.batch_size * self.seq_len > self.max_batch_tokens:
+            raise ValueError(
+                f"batch_size x seq_len ({self.batch_size * self.seq_len:,}) exceeds max_batch_tokens"
+                f" ({self.max_batch_tokens:,})"
+            )
+        if min(self.hpo_batch_sizes) * max(self.hpo_seq_lens) > self.max_batch_tokens:
+            raise ValueError("the smallest hpo_batch_sizes times the longest hpo_seq_lens exceeds max_batch_tokens")
+        return self
+
+
 class Config(_Section):
     run: RunConfig = RunConfig()
     dataset: DatasetConfig = DatasetConfig()
@@ -358,10 +429,16 @@ class Config(_Section):
     hpo: HpoConfig = HpoConfig()
     search: SearchConfig = SearchConfig()
     cluster: ClusterConfig = ClusterConfig()
+    lm: LMConfig = LMConfig()
     rules: RulesConfig = RulesConfig()
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+    @property
+    def family(self) -> Literal["image", "language"]:
+        """What the run searches: image classifiers, or transformer language models (its dataset decides)."""
+        return "language" if self.dataset.name in LANGUAGE_DATASETS else "image"
 
 
 def _key_text(part: object) -> str:

@@ -6,7 +6,7 @@
 # timeout so one slow step cannot take the others' results; what each wrote lands in $OUT.
 #
 #   device run, carry [".whl/site312.tar.xz"]:  bash benchmarks/gpu_batch.sh [STEP...]
-#   steps: busy peak throughput first_step agents startup (default: the first five, in that order)
+#   steps: busy peak throughput first_step agents startup llm (default: the first five, in that order)
 set -u
 OUT=${OUT:-/tmp/gpu-batch-out}
 mkdir -p "$OUT"
@@ -53,5 +53,13 @@ for p in 0 4 8 15; do
   OMP_NUM_THREADS=1 timeout 120 python3 benchmarks/scale_sim.py --workers 65536 --trials-per-worker 3 --startup-only \
       --processes $p --json "$OUT/startup-$p.json"
 done
+fi
+if [[ $steps == *" llm "* ]]; then
+echo "== the language-model workload: llm-official's seed (13.2 M parameters, bf16) on the embedded corpus, 4 minutes"
+timeout 330 python3 -m aiperf.cli run --config llm-official --set dataset.name=text --set dataset.path=null \
+    --set model.backend=jax --set run.time_budget_s=240 --set lm.steps_per_epoch=100 --set run.results_dir=/tmp/llm
+run=$(ls -d /tmp/llm/*/ 2>/dev/null | head -1)
+for f in ledger.jsonl summary.json; do [ -f "$run/$f" ] && cp "$run/$f" "$OUT/llm-$f"; done
+[ -n "$run" ] && timeout 120 python3 -m aiperf.cli verify "$run"
 fi
 echo "== done"

@@ -32,6 +32,7 @@ from typing import Any
 from aiperf.cluster.messages import EpochReport, TrialDone, TrialMessage, TrialStarted
 from aiperf.cluster.node_weights import NodeStore, WeightSource, resolve_start
 from aiperf.datasets.base import Dataset
+from aiperf.datasets.language import LanguageData
 from aiperf.errors import first_line
 from aiperf.training.trial import TrialSpec
 
@@ -70,7 +71,7 @@ def _exit_with_parent(parent: int) -> None:
     os._exit(1)
 
 
-def _slot_main(conn: Any, worker_id: str, dataset: Dataset, settings: Any, devices: str | None) -> None:
+def _slot_main(conn: Any, worker_id: str, dataset: Dataset | LanguageData, settings: Any, devices: str | None) -> None:
     """A slot's process: build the worker, then answer the agent's requests until told to stop or the pipe closes."""
     if devices is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = devices
@@ -105,7 +106,7 @@ def _slot_main(conn: Any, worker_id: str, dataset: Dataset, settings: Any, devic
 class _SlotProcess:
     """The agent's side of one slot: its process, its pipe, and a lock so one request talks at a time."""
 
-    def __init__(self, worker_id: str, dataset: Dataset, settings: Any, devices: str | None) -> None:
+    def __init__(self, worker_id: str, dataset: Dataset | LanguageData, settings: Any, devices: str | None) -> None:
         context = multiprocessing.get_context("spawn")
         self.conn, child = context.Pipe()
         self.process = context.Process(
@@ -158,7 +159,7 @@ class NodeAgent:
         self._failed: dict[int, str] = {}  # slots whose start failed, with why
         self._changed = threading.Condition()  # a slot registered, became ready, failed or stopped
 
-    def start(self, key: int, worker_id: str, dataset: Dataset, settings: Any) -> dict[str, Any]:
+    def start(self, key: int, worker_id: str, dataset: Dataset | LanguageData, settings: Any) -> dict[str, Any]:
         """Start slot ``key``'s process (a slot started before is stopped first); its description once ready.
 
         The pool queues trials on a slot while it starts; they wait in :meth:`_slot` until it is ready.

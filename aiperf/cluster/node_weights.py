@@ -26,6 +26,7 @@ from typing import Any
 from aiperf.cluster.messages import StoredWeights
 from aiperf.errors import first_line
 from aiperf.training.trial import TrialSpec, Weights
+from nas.transformer import Weights as LMWeights
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +38,8 @@ FETCH_TIMEOUT_S = 120.0
 # control plane is frozen and the keeper's address was never looked up.
 KEEP_TIMEOUT_S = 10.0
 
-WeightSource = Weights | StoredWeights | None
+Arrays = Weights | LMWeights  # an image set (node -> arrays) or a language model's (name -> array)
+WeightSource = Arrays | StoredWeights | None
 KEEPER_OWNER = "weight keeper"  # StoredWeights.owner of a set its node's keeper holds
 
 
@@ -118,7 +120,7 @@ class WeightsLost(Exception):
     """A stored weight set that cannot be fetched (its node or owner is gone)."""
 
 
-def fetch_weights(source: WeightSource, timeout: float = FETCH_TIMEOUT_S) -> Weights | None:
+def fetch_weights(source: WeightSource, timeout: float = FETCH_TIMEOUT_S) -> Arrays | None:
     """The arrays of ``source``: as they are, or fetched from the node that holds them."""
     if not isinstance(source, StoredWeights):
         return source
@@ -135,8 +137,8 @@ class StartWeights:
     """What a trial actually starts from after fetching: the spec to train and the arrays, and why it fell back."""
 
     spec: TrialSpec
-    parent: Weights | None
-    resume: Weights | None
+    parent: Arrays | None
+    resume: Arrays | None
     fallback: str = ""  # empty when everything sent could be fetched
 
     @property
@@ -148,7 +150,7 @@ def resolve_start(
     spec: TrialSpec,
     parent: WeightSource,
     resume: WeightSource,
-    fetch: Callable[[WeightSource], Weights | None] = fetch_weights,
+    fetch: Callable[[WeightSource], Arrays | None] = fetch_weights,
 ) -> StartWeights:
     """Fetch a trial's starting weights, falling back as the module docstring says.
 

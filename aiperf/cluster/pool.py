@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from aiperf.cluster.resources import NodeInfo
     from aiperf.config import Config
     from aiperf.datasets.base import Dataset
+    from aiperf.datasets.language import LanguageData
 
 logger = logging.getLogger(__name__)
 
@@ -239,7 +240,7 @@ class RayWorkerPool(WorkerPool):
     def __init__(
         self,
         plan: Plan,
-        dataset: Dataset,
+        dataset: Dataset | LanguageData,
         nodes: list[NodeInfo],
         settings: WorkerSettings,
         *,
@@ -285,7 +286,7 @@ class RayWorkerPool(WorkerPool):
 
     @classmethod
     def for_config(
-        cls, cfg: Config, plan: Plan, dataset: Dataset, nodes: list[NodeInfo], compile_cache: str = ""
+        cls, cfg: Config, plan: Plan, dataset: Dataset | LanguageData, nodes: list[NodeInfo], compile_cache: str = ""
     ) -> RayWorkerPool:
         """The pool a run config asks for: its worker settings, queue depth and cap, re-planned under it."""
         return cls(

@@ -20,7 +20,7 @@ import time
 import zlib
 from collections.abc import Generator
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from aiperf.cluster.messages import BadImagesReport, EpochReport, TrialDone, TrialMessage, TrialStarted
 from aiperf.cluster.node_weights import NodeStore, WeightSource, resolve_start
@@ -30,8 +30,10 @@ from aiperf.training.trial import TrialSpec
 if TYPE_CHECKING:
     from aiperf.cluster.plan import Slot
     from aiperf.config import Config
+    from aiperf.datasets.language import LanguageData
     from aiperf.system.ceiling import Ceiling
     from aiperf.training.backend import DeviceInfo
+    from aiperf.training.lm_runner import LMTrialRunner
     from aiperf.training.trainer import TrainerSettings
 
 logger = logging.getLogger(__name__)
@@ -61,6 +63,8 @@ class WorkerSettings:
     shuffle_buffer: int
     compiled_models: int
     ceiling_s: float | Literal["auto"]  # cluster.ceiling_s: the matmul ceiling's time at start (0: none)
+    lm_steps_per_epoch: int  # lm.steps_per_epoch: a language trial's optimizer steps per epoch
+    lm_eval_windows: int  # lm.eval_windows: the validation sequences of every language evaluation
     compile_cache: str = ""  # the run's persistent compilation cache (each node uses a folder of its own)
     threads: int = 1  # CPU threads of this worker's slot
     data_parallel: int = 1  # devices one trial trains on (per_node placement)
@@ -81,6 +85,8 @@ class WorkerSettings:
             shuffle_buffer=cfg.dataset.shuffle_buffer,
             compiled_models=cfg.train.compiled_models,
             ceiling_s=cfg.cluster.ceiling_s,
+            lm_steps_per_epoch=cfg.lm.steps_per_epoch,
+            lm_eval_windows=cfg.lm.eval_windows,
         )
 
     def for_slot(self, slot: Slot) -> WorkerSettings:
@@ -91,7 +97,7 @@ class WorkerSettings:
 class TrialWorker:
     """Plain class; the pool wraps it with ``ray.remote`` (so this module never needs Ray)."""
 
-    def __init__(self, worker_id: str, dataset: Dataset, settings: WorkerSettings) -> None:
+    def __init__(self, worker_id: str, dataset: Dataset | LanguageData, settings: WorkerSettings) -> None:
         t0 = time.monotonic()
         from aiperf.training.backend import configure_process, describe_device, node_compile_cache, versions
 
@@ -99,7 +105,7 @@ class TrialWorker:
         configure_process(backend, threads, node_compile_cache(settings.compile_cache))
         from aiperf.training.trainer import TrialRunner
 
-        if dataset.streaming:
+        if isinstance(dataset, Dataset) and dataset.streaming:
             from aiperf.datasets.census import check_readable
 
             check_readable(dataset, seed=zlib.crc32(worker_id.encode()))  # each worker samples other files
@@ -109,7 +115,20 @@ class TrialWorker:
         self.device = describe_device(backend)
         trainer = trainer_settings(settings, self.device)
         self.precision = trainer.precision
-        self.runner = TrialRunner(dataset, trainer, backend)
+        self.runner: TrialRunner | LMTrialRunner
+        if isinstance(dataset, Dataset):
+            self.runner = TrialRunner(dataset, trainer, backend)
+        else:  # a language run: its workers open the token shards here, once (a node that cannot read them fails now)
+            from aiperf.training.lm_runner import LMRunnerSettings, LMTrialRunner
+
+            lm = LMRunnerSettings(
+                precision=trainer.precision,
+                jit_compile=trainer.jit_compile,
+                steps_per_epoch=settings.lm_steps_per_epoch,
+                eval_windows=settings.lm_eval_windows,
+            )
+            self.runner = LMTrialRunner(dataset, lm)
+            self.precision = self.runner.precision
         self.versions = versions(backend)
         self.ceiling = _measure_ceiling(settings, self.device, self.precision)
         self.threads = threads
@@ -176,7 +195,10 @@ class TrialWorker:
             weights_lost=start.fallback,
         )
         first = True
-        for item in self.runner.run(start.spec, start.parent, start.resume):
+        # The arrays are the run's family's (an image set or a language model's); the runner checks them against
+        # the architecture it builds before it uses them.
+        parent, resume = cast(Any, start.parent), cast(Any, start.resume)
+        for item in self.runner.run(start.spec, parent, resume):
             kind = item.pop("type")
             if kind == "epoch":
                 begin, end = item.pop("window")

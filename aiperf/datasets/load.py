@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from aiperf.config import DatasetConfig
+from aiperf.config import LANGUAGE_DATASETS, DatasetConfig
 from aiperf.datasets.base import Dataset
 from aiperf.datasets.bundled import load_digits, load_mnist
 from aiperf.datasets.cifar10 import load_cifar10
@@ -30,6 +30,11 @@ _DECODES_FILES = {"image_folder", "tfrecord"}  # resize, store in memory or stre
 def load_dataset(cfg: DatasetConfig) -> Dataset:
     """Load the configured dataset from local files only; errors are one-line :class:`AiperfError`."""
     loader = LOADERS.get(cfg.name)
+    if cfg.name in LANGUAGE_DATASETS:
+        raise AiperfError(
+            f"dataset.name: {cfg.name} holds text for the language-model workload, which `aiperf run` trains"
+            " (docs/llm.md); this command takes image datasets only"
+        )
     if loader is None:
         raise AiperfError(f"dataset.name: unknown dataset {cfg.name!r} (known: {', '.join(LOADERS)})")
     # Settings a loader would silently ignore are rejected, so a run never uses other data than asked.

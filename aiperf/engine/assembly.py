@@ -45,7 +45,8 @@ if TYPE_CHECKING:
     from aiperf.cluster.resources import NodeInfo
     from aiperf.engine.progress import Progress
     from nas.graph import Graph
-    from nas.proposer import Proposer, TrialProposal
+    from nas.proposer import Proposer
+    from nas.transformer import TransformerSpec
 
 
 def system_description(
@@ -86,7 +87,7 @@ def run_start_record(
     dataset: DatasetHeader,
     system: dict[str, Any],
     backend: str,
-    seed_graph: Graph | None = None,
+    seed_graph: Graph | TransformerSpec | None = None,
     t: float | None = None,
 ) -> RunStartRecord:
     """The header of a run: its config, rules, plan, dataset, machine and software, as every reader needs them.
@@ -99,6 +100,8 @@ def run_start_record(
         optional["t"] = t
     if seed_graph is not None:
         optional["seed_architecture"] = seed_graph.to_dict()
+    if cfg.family != "image":  # an image run's header stays as it was
+        optional["family"] = cfg.family
     return RunStartRecord(
         run_id=run_id,
         config=ConfigHeader(**cfg.to_dict()),
@@ -153,7 +156,7 @@ def open_session(
     header: RunStartRecord | ResumePoint,
     plan: Plan,
     system: dict[str, Any],
-    proposer: Proposer[TrialProposal],
+    proposer: Proposer[Any],
     pool: WorkerPool,
     weights: WeightStore,
     dataset_images: int = 0,
@@ -166,6 +169,7 @@ def open_session(
     (:func:`aiperf.engine.resume.replay`): then this session records ``resume``, closes the
     trials the dead master was running as ``lost``, and the master carries on its counts.
     """
+    from aiperf.engine.family import family_for
     from aiperf.record.mllog import attach as attach_mllog
 
     resumed = header if isinstance(header, ResumePoint) else None
@@ -205,6 +209,7 @@ def open_session(
         first_trial=resumed.first_trial if resumed else 0,
         epochs_before=resumed.epochs_before if resumed else 0,
         clock=clock,
+        family=family_for(cfg.family),
     )
     if resumed is not None:
         master.bad_images.update(resumed.bad_images)

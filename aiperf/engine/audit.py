@@ -12,7 +12,10 @@ matching ``summary.json`` verifies. The audit goes back to the evidence:
    against that architecture before anything in it is unpacked), evaluated on the held-out
    split the run used (the dataset reloaded from the recorded config, its fingerprint
    checked) under the recorded precision policy, and must give the ``val_acc`` recorded for
-   the epoch whose weights were stored (the trial's last epoch);
+   the epoch whose weights were stored (the trial's last epoch); a language run's trials
+   (``run_start.family`` ``language``, docs/llm.md) are rebuilt from their recorded
+   transformer and evaluated on the run's fixed validation windows by the trainer's own
+   evaluation (:mod:`aiperf.training.lm_evaluate`), their bits per byte compared;
 4. ``--retrain K``: K sampled trials are trained again from their recorded spec
    (architecture, hyperparameters, seed, inherited parent weights) through the workers' own
    code (:class:`~aiperf.cluster.worker.TrialWorker`), in this process; each epoch's
@@ -37,7 +40,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from aiperf import cli_limits as limits
 from aiperf.engine.weights import file_sha256
@@ -66,8 +69,11 @@ if TYPE_CHECKING:  # imported where they are used: the frameworks load only when
     from aiperf.cluster.worker import TrialWorker, WorkerSettings
     from aiperf.config import Config
     from aiperf.datasets.base import Dataset
-    from aiperf.engine.weights import Weights
+    from aiperf.datasets.language import LanguageData
+    from aiperf.engine.weights import LMWeights, Weights
+    from aiperf.training.lm_trainer import LMData
     from nas.graph import Graph
+    from nas.transformer import TransformerSpec
 
 # Re-evaluation is deterministic given the weights, the data and the code; what can differ on
 # another machine (or thread count) is the summation order inside the framework's kernels, which
@@ -81,6 +87,13 @@ REEVAL_TOLERANCE_IMAGES = 1
 # epoch of SGD: 0.03 (11 of the 359 digits validation images) is a judgement for that case, not a
 # measured bound (docs/results.md).
 RETRAIN_ACC_TOLERANCE = 0.03
+# A language trial's re-evaluation: its validation loss is a mean over every validation token, not
+# a count, so the same summation-order noise moves it continuously rather than by whole examples
+# (float32 on the machine that recorded it reproduces it to rounding, tests/engine/test_lm_audit.py);
+# across devices, TF32 matmuls (float32 on recent GPUs) and bf16 rounding flips move it further.
+# 0.01 bits per byte (val_acc 0.00125) is a judgement above that noise and far below any edit worth
+# making (a val_acc forged 0.01 higher is 0.08 bits per byte), not a measured bound.
+REEVAL_TOLERANCE_BITS_PER_BYTE = 0.01
 DEFAULT_SAMPLE = 4
 DEFAULT_SPEED_FACTOR = 4.0
 MAX_LISTED = 10
@@ -246,10 +259,23 @@ def _native_stderr_muted() -> Iterator[None]:
         os.close(saved)
 
 
-def _load_data(cfg: Config, header: RunStartRecord) -> Dataset:
-    from aiperf.datasets import load_dataset
+def _load_data(cfg: Config, header: RunStartRecord) -> Dataset | LanguageData:
+    """The run's data reloaded from its recorded config -- a language run's tokens, else its images -- and
+    checked against the fingerprint its header recorded."""
+    dataset: Dataset | LanguageData
+    if cfg.family != header.family:
+        raise AiperfError(
+            f"run_start says the run searched the {header.family} family, but its recorded config's dataset "
+            f"{cfg.dataset.name} is of the {cfg.family} family"
+        )
+    if header.family == "language":
+        from aiperf.datasets.language import load_language_data
 
-    dataset = load_dataset(cfg.dataset)
+        dataset = load_language_data(cfg)
+    else:
+        from aiperf.datasets import load_dataset
+
+        dataset = load_dataset(cfg.dataset)
     recorded = header.dataset.fingerprint
     if dataset.fingerprint() != recorded:
         raise AiperfError(
@@ -276,28 +302,83 @@ class _Unusable(Exception):
     """A trial's recorded architecture or stored weights that cannot be used; the message names which."""
 
 
-def _architecture(start: TrialStartRecord) -> Graph:
-    """The graph a trial's workers built (its recorded architecture under its hyperparameters)."""
+def _recorded_arch(start: TrialStartRecord, family: str) -> dict[str, Any] | None:
+    """A trial's architecture document as its trial_start holds it (``transformer`` or ``graph``, by family)."""
+    return start.transformer if family == "language" else start.graph
+
+
+def _no_architecture(family: str) -> _Unusable:
+    name = "transformer" if family == "language" else "graph"
+    return _Unusable(f"its trial_start record holds no architecture ({name})")
+
+
+def _graph(start: TrialStartRecord) -> Graph:
+    """The graph an image trial's workers built (its recorded architecture under its hyperparameters)."""
     from aiperf.training.trial import apply_hparams
     from nas.errors import NasError
     from nas.serialize import graph_from_dict
 
+    if start.graph is None:
+        raise _no_architecture("image")
     try:
         return apply_hparams(graph_from_dict(start.graph), start.hparams.model_dump(exclude_unset=True))
     except (NasError, KeyError, TypeError, ValueError) as exc:
         raise _Unusable(f"its recorded architecture cannot be rebuilt ({first_line(exc, 200)})") from None
 
 
-def _stored_weights(path: Path, graph: Graph, name: str) -> Weights:
-    """A weights file read back only once its headers declare ``graph``'s arrays (names, shapes, sizes)."""
-    from aiperf.engine.weights import WeightsFileError, load_weights
+def _transformer(start: TrialStartRecord) -> TransformerSpec:
+    """The transformer a language trial's workers built (hyperparameters do not change its spec)."""
+    from nas.errors import NasError
+    from nas.transformer import TransformerSpec
+
+    if start.transformer is None:
+        raise _no_architecture("language")
+    try:
+        return TransformerSpec.from_dict(start.transformer)
+    except (NasError, KeyError, TypeError, ValueError) as exc:
+        raise _Unusable(f"its recorded architecture cannot be rebuilt ({first_line(exc, 200)})") from None
+
+
+def _architecture(start: TrialStartRecord, family: str) -> Graph | TransformerSpec:
+    return _transformer(start) if family == "language" else _graph(start)
+
+
+@overload
+def _stored_weights(path: Path, arch: Graph, name: str) -> Weights: ...
+@overload
+def _stored_weights(path: Path, arch: TransformerSpec, name: str) -> LMWeights: ...
+def _stored_weights(path: Path, arch: Graph | TransformerSpec, name: str) -> Weights | LMWeights:
+    """A weights file read back only once its headers declare ``arch``'s arrays (names, shapes, sizes)."""
+    from aiperf.engine.weights import WeightsFileError, load_lm_weights, load_weights
+    from nas.transformer import TransformerSpec
 
     try:
-        return load_weights(path, graph, name)
+        if isinstance(arch, TransformerSpec):
+            return load_lm_weights(path, arch, name)
+        return load_weights(path, arch, name)
     except WeightsFileError as exc:
         raise _Unusable(str(exc)) from None
     except OSError as exc:
         raise _Unusable(f"{name} cannot be loaded ({exc.strerror or first_line(exc)})") from None
+
+
+def _stored_epoch(trial: str, t: _Trial) -> EpochRecord | TrialCheck:
+    """The epoch whose weights the trial's weights record stored, or the failed check saying the ledger lacks it."""
+    w = t.weights
+    assert w is not None
+    epoch = t.epochs.get((w.attempt, w.epoch))
+    if epoch is None:
+        which = f"epoch {w.epoch} of attempt {w.attempt}"
+        detail = f"its weights record (seq {w.seq}) names {which}, which the ledger does not record"
+        return TrialCheck(trial, "reevaluate", "fail", detail)
+    return epoch
+
+
+def _stored_path(run_dir: Path, rec: WeightsRecord) -> Path:
+    """The file of a weights record that :func:`check_weight_files` hashed (so it names one)."""
+    path = _weights_path(run_dir, rec)
+    assert path is not None  # only files that hashed as recorded are read back
+    return path
 
 
 def reevaluate(run_dir: Path, cfg: Config, dataset: Dataset, threads: int, trial: str, t: _Trial) -> TrialCheck:
@@ -307,20 +388,14 @@ def reevaluate(run_dir: Path, cfg: Config, dataset: Dataset, threads: int, trial
     from aiperf.training.input_pipeline import eval_batch_size
     from aiperf.training.trainer import TrialRunner, classification_metrics
 
+    epoch = _stored_epoch(trial, t)
+    if isinstance(epoch, TrialCheck):
+        return epoch
     w = t.weights
     assert w is not None
-    epoch = t.epochs.get((w.attempt, w.epoch))
-    if epoch is None:
-        which = f"epoch {w.epoch} of attempt {w.attempt}"
-        detail = f"its weights record (seq {w.seq}) names {which}, which the ledger does not record"
-        return TrialCheck(trial, "reevaluate", "fail", detail)
-    if t.start.graph is None:
-        return TrialCheck(trial, "reevaluate", "fail", "its trial_start record holds no architecture (graph)")
-    path = _weights_path(run_dir, w)
-    assert path is not None
     try:
-        graph = _architecture(t.start)
-        weights = _stored_weights(path, graph, w.file)  # checked against the architecture from its headers
+        graph = _graph(t.start)
+        weights = _stored_weights(_stored_path(run_dir, w), graph, w.file)  # checked against it from its headers
     except _Unusable as exc:
         return TrialCheck(trial, "reevaluate", "fail", str(exc), epoch.epoch)
     backend = cfg.model.backend
@@ -349,34 +424,98 @@ def reevaluate(run_dir: Path, cfg: Config, dataset: Dataset, threads: int, trial
     return TrialCheck(trial, "reevaluate", "pass" if ok else "fail", detail, epoch.epoch, recorded, val_acc)
 
 
+def reevaluate_lm(run_dir: Path, cfg: Config, windows: LMData, threads: int, trial: str, t: _Trial) -> TrialCheck:
+    """Rebuild language ``trial`` from its recorded transformer and stored weights, evaluate it on the run's
+    validation windows (``windows``) as its worker did, and compare the stored epoch's val_acc and bits per byte."""
+    from aiperf.cluster.worker import trainer_settings
+    from aiperf.training.backend import describe_device
+    from aiperf.training.lm_evaluate import evaluate_lm_weights
+    from aiperf.training.lm_runner import BITS_PER_BYTE_SCALE, lm_precision
+
+    epoch = _stored_epoch(trial, t)
+    if isinstance(epoch, TrialCheck):
+        return epoch
+    w = t.weights
+    assert w is not None
+    try:
+        spec = _transformer(t.start)
+        weights = _stored_weights(_stored_path(run_dir, w), spec, w.file)  # checked against it from its headers
+    except _Unusable as exc:
+        return TrialCheck(trial, "reevaluate", "fail", str(exc), epoch.epoch)
+    settings = trainer_settings(run_worker_settings(cfg, threads, epoch.precision), describe_device(cfg.model.backend))
+    try:
+        got = evaluate_lm_weights(  # the workers' builder, dtype policy, windows and evaluation
+            spec,
+            t.start.hparams.model_dump(exclude_unset=True),
+            weights,
+            windows,
+            steps_per_epoch=cfg.lm.steps_per_epoch,
+            eval_windows=cfg.lm.eval_windows,
+            precision=lm_precision(settings.precision),
+            jit_compile=settings.jit_compile,
+        )
+    except AiperfError as exc:  # a recorded size or hyperparameter the trainer refuses, weights that do not fit
+        return TrialCheck(trial, "reevaluate", "fail", f"it cannot be evaluated: {first_line(exc)}", epoch.epoch)
+    except Exception as exc:
+        return TrialCheck(trial, "reevaluate", "fail", f"evaluating it raised {type(exc).__name__}: {first_line(exc)}")
+    tolerance = REEVAL_TOLERANCE_BITS_PER_BYTE
+    recorded = {"val_acc": epoch.val_acc, "bits_per_byte": epoch.bits_per_byte, "val_loss": epoch.val_loss}
+    measured = {"val_acc": got.quality, "bits_per_byte": got.bits_per_byte, "val_loss": got.val_loss}
+    bits = "" if epoch.bits_per_byte is None else f"{epoch.bits_per_byte:.4f}"
+    detail = (
+        f"epoch {epoch.epoch} (its stored weights): recorded val_acc {epoch.val_acc:.4f}"
+        f"{f' ({bits} bits per byte)' if bits else ''}, re-evaluated {got.quality:.4f} ({got.bits_per_byte:.4f} bits"
+        f" per byte) on {got.windows} validation windows of {got.tokens:,} tokens"
+    )
+    problems: list[str] = []
+    if epoch.eval_tokens is not None and epoch.eval_tokens != got.tokens:
+        problems.append(f"the epoch records {epoch.eval_tokens:,} validation tokens")
+    # val_acc = 1 - bits_per_byte / 8: its difference in bits per byte, so one tolerance covers both
+    if abs(got.quality - epoch.val_acc) * BITS_PER_BYTE_SCALE > tolerance + 1e-12:
+        problems.append(f"val_acc {abs(got.quality - epoch.val_acc):.5f} apart")
+    if epoch.bits_per_byte is not None and abs(got.bits_per_byte - epoch.bits_per_byte) > tolerance + 1e-12:
+        problems.append(f"bits per byte {abs(got.bits_per_byte - epoch.bits_per_byte):.4f} apart")
+    if problems:
+        detail += f" ({'; '.join(problems)}; at most {tolerance} bits per byte allowed)"
+    status = "fail" if problems else "pass"
+    return TrialCheck(trial, "reevaluate", status, detail, epoch.epoch, recorded, measured)
+
+
 def retrain(
-    worker: TrialWorker, run_dir: Path, trial: str, t: _Trial, trials: dict[str, _Trial], speed_factor: float
+    worker: TrialWorker,
+    run_dir: Path,
+    trial: str,
+    t: _Trial,
+    trials: dict[str, _Trial],
+    speed_factor: float,
+    family: str = "image",
 ) -> TrialCheck:
     """Train ``trial`` again through the worker's code and compare its accuracy curve and epoch times."""
     from aiperf.cluster.messages import EpochReport
     from aiperf.training.trial import TrialSpec
 
     s = t.start
-    assert s.graph is not None and s.seed is not None  # only such trials are retrainable
-    parent_graph = parent_weights = None
+    arch = _recorded_arch(s, family)
+    assert arch is not None and s.seed is not None  # only such trials are retrainable
+    parent_arch = parent_weights = None
     if s.inherit:
         parent = trials[s.inherit]
         assert parent.weights is not None
-        path = _weights_path(run_dir, parent.weights)
-        assert path is not None
         try:
-            parent_weights = _stored_weights(path, _architecture(parent.start), parent.weights.file)
+            parent_weights = _stored_weights(
+                _stored_path(run_dir, parent.weights), _architecture(parent.start, family), parent.weights.file
+            )
         except _Unusable as exc:
             return TrialCheck(trial, "retrain", "fail", f"its parent {s.inherit}'s weights: {exc}")
-        parent_graph = parent.start.graph
+        parent_arch = _recorded_arch(parent.start, family)
     spec = TrialSpec(
         trial_id=trial,
         kind=s.kind,
-        graph=s.graph,
+        graph=arch,
         hparams=s.hparams.model_dump(exclude_unset=True),
         seed=s.seed,
-        parent_graph=parent_graph,
-        morphs=list(s.morphs) if parent_graph is not None else [],
+        parent_graph=parent_arch,
+        morphs=list(s.morphs) if parent_arch is not None else [],
         checkpoint_every_epoch=False,
     )
     recorded = [t.epochs[k] for k in sorted(t.epochs) if k[0] == 0]
@@ -431,7 +570,7 @@ def _without_weights(trial: str, t: _Trial, state: str | None, best: bool) -> Tr
     return TrialCheck(trial, "reevaluate", "skipped", f"no weights to re-evaluate ({why})")
 
 
-def _retrainable(trial: str, t: _Trial, trials: dict[str, _Trial], files: dict[str, str]) -> bool:
+def _retrainable(trial: str, t: _Trial, trials: dict[str, _Trial], files: dict[str, str], family: str) -> bool:
     """Trained in one attempt from its start, with a recorded seed and (if it inherits) its parent's weights on disk."""
     s = t.start
     # A failed trial fails again; a lost one has no end.
@@ -441,7 +580,7 @@ def _retrainable(trial: str, t: _Trial, trials: dict[str, _Trial], files: dict[s
         or s.attempt
         or s.start_epoch
         or s.seed is None
-        or s.graph is None
+        or _recorded_arch(s, family) is None
         or not t.epochs
     ):
         return False
@@ -457,7 +596,7 @@ def _retrainable(trial: str, t: _Trial, trials: dict[str, _Trial], files: dict[s
 def _reevaluate_targets(
     run_dir: Path,
     cfg: Config,
-    dataset: Dataset,
+    dataset: Dataset | LanguageData,
     trials: dict[str, _Trial],
     files: dict[str, str],
     targets: list[str],
@@ -466,11 +605,18 @@ def _reevaluate_targets(
     threads: int,
 ) -> list[str]:
     """Re-evaluate every target with weights on disk; returns the targets that had none."""
+    from aiperf.datasets.language import LanguageData
+
+    windows = dataset.windows() if isinstance(dataset, LanguageData) else None  # a shard folder opened once
     no_weights = []
     for trial in targets:
         t = trials[trial]
         if files.get(trial) == "ok":
-            checks.append(reevaluate(run_dir, cfg, dataset, threads, trial, t))
+            if windows is not None:
+                checks.append(reevaluate_lm(run_dir, cfg, windows, threads, trial, t))
+            else:
+                assert not isinstance(dataset, LanguageData)
+                checks.append(reevaluate(run_dir, cfg, dataset, threads, trial, t))
         else:
             no_weights.append(trial)
             checks.append(_without_weights(trial, t, files.get(trial), trial == best_trial))
@@ -480,7 +626,7 @@ def _reevaluate_targets(
 def _retrain_sample(
     run_dir: Path,
     cfg: Config,
-    dataset: Dataset,
+    dataset: Dataset | LanguageData,
     trials: dict[str, _Trial],
     files: dict[str, str],
     how: tuple[int, int, int, float],
@@ -491,7 +637,8 @@ def _retrain_sample(
     from aiperf.cluster.worker import TrialWorker
 
     count, seed, threads, speed_factor = how
-    pool = sorted(t for t, v in trials.items() if _retrainable(t, v, trials, files))
+    family = cfg.family  # the run header's (_load_data checked they agree)
+    pool = sorted(t for t, v in trials.items() if _retrainable(t, v, trials, files, family))
     picks = random.Random(seed + 1).sample(pool, min(count, len(pool)))
     if len(picks) < count:
         notes.append(f"--retrain {count}: only {len(pool)} trial(s) can be re-trained from their recorded spec")
@@ -500,7 +647,7 @@ def _retrain_sample(
         precision = next(iter(trials[trial].epochs.values())).precision  # the policy the run used
         if precision not in workers:
             workers[precision] = TrialWorker("audit", dataset, run_worker_settings(cfg, threads, precision))
-        checks.append(retrain(workers[precision], run_dir, trial, trials[trial], trials, speed_factor))
+        checks.append(retrain(workers[precision], run_dir, trial, trials[trial], trials, speed_factor, family))
 
 
 def audit_run(
@@ -529,7 +676,6 @@ def audit_run(
     data: dict[str, Any] = {
         "audited_at": round(started, 3),
         "options": {"sample": sample, "retrain": retrain_count, "seed": seed, "speed_factor": speed_factor},
-        "tolerances": {"reevaluate_images": REEVAL_TOLERANCE_IMAGES, "retrain_val_acc": RETRAIN_ACC_TOLERANCE},
     }
     verified, verify_message = verify_run(run_dir)
     data["verify"] = verify_message.splitlines()[0]
@@ -537,6 +683,7 @@ def audit_run(
     # and its last hash are read from the JSON as it is.
     raw = read_raw_ledger(run_dir)
     data["run_id"] = raw[0].get("run_id")
+    data["tolerances"] = _tolerances(raw[0].get("family"))
     count, last_hash = audited_end(raw)  # an earlier audit's record is not part of the run
     data["ledger"] = {"records": count, "last_hash": last_hash}
     data["bind"] = verified and _ended_completed(raw)
@@ -546,6 +693,7 @@ def audit_run(
         return _finish(run_dir, data, lines, checks, notes)
     records = parse_records(raw, run_dir / LEDGER_NAME)
     header = of_type(records, RunStartRecord)[0]
+    data["family"] = header.family
     trials = _trials(records)
     problems, files, unrecorded = check_weight_files(run_dir, trials)
     data["weight_files"] = {t: files[t] for t in sorted(files)}
@@ -601,6 +749,15 @@ def audit_run(
         notes.append(f"sampled trial(s) with no weights to re-evaluate: {', '.join(no_weights)}")
     failed = [f"trial {c.trial}: {c.check}: {c.detail}" for c in checks if c.status == "fail"]
     return _finish(run_dir, data, failed, checks, notes)
+
+
+def _tolerances(family: object) -> dict[str, float]:
+    """The tolerances the checks of a run of ``family`` (its header's, unverified) apply."""
+    if family == "language":
+        reevaluate = {"reevaluate_bits_per_byte": REEVAL_TOLERANCE_BITS_PER_BYTE}
+    else:
+        reevaluate = {"reevaluate_images": REEVAL_TOLERANCE_IMAGES}
+    return {**reevaluate, "retrain_val_acc": RETRAIN_ACC_TOLERANCE}
 
 
 def _ended_completed(raw: list[dict[str, Any]]) -> bool:

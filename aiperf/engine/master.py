@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from aiperf.cluster.messages import BadImagesReport, EpochReport, EventKind, StoredWeights, TrialDone, TrialStarted
 from aiperf.cluster.pool import FINAL_ANSWER_S, PoolEvent, WorkerPool
 from aiperf.datasets.bad_images import over_limit, skipped_note, too_many_bad_images
+from aiperf.engine.family import Family, ImageFamily, Prepared
 from aiperf.engine.progress import Progress
 from aiperf.engine.weights import SavedFile, WeightStore
-from aiperf.metrics.flops import GraphCost, aiperf_compatible_operations, count_flops_memo, epoch_operations
 from aiperf.record.ledger import LedgerWriter
 from aiperf.record.schema import (
     BadImagesRecord,
@@ -45,7 +45,6 @@ from aiperf.record.schema import (
     RequeueRecord,
     RunStatus,
     TrialEndRecord,
-    TrialFlops,
     TrialHparams,
     TrialStartRecord,
     TrialStatus,
@@ -53,11 +52,8 @@ from aiperf.record.schema import (
     WorkerFailedRecord,
     WorkerRecord,
 )
-from aiperf.training.compiled_models import compile_key
-from aiperf.training.trial import TrialSpec, Weights, apply_hparams
-from nas.graph import Graph
-from nas.proposer import Proposer, TrialProposal
-from nas.serialize import graph_to_dict
+from aiperf.training.trial import TrialSpec, Weights
+from nas.proposer import Proposer
 
 if TYPE_CHECKING:
     from aiperf.config import Config
@@ -87,10 +83,9 @@ class TrialState:
     """The master's view of one trial across its attempts."""
 
     trial_id: str
-    proposal: TrialProposal
-    cost: GraphCost
+    proposal: Any  # the family's proposal (nas.proposer.TrialProposal, nas.lm_search.LMTrialProposal)
+    prepared: Prepared  # the architecture as trained (an image graph with the trial's dropout rate), its cost
     seed: int
-    graph: Graph  # the architecture as trained: the proposal's with the trial's dropout rate applied
     attempt: int = 0
     epochs_done: int = 0
     checkpoint: Weights | StoredWeights | None = None  # weights after the last completed epoch (for a re-queue)
@@ -100,7 +95,11 @@ class TrialState:
     best: float | None = None
     inherit: str | None = None  # the trial whose weights it actually starts from
     sent_parent: str | None = None  # the kept trial whose weights the current attempt was sent (it may not get them)
-    compile_key: str = ""  # what a worker must have compiled to train it without compiling again
+
+    @property
+    def compile_key(self) -> str:
+        """What a worker must have compiled to train it without compiling again."""
+        return self.prepared.compile_key
 
 
 @dataclass
@@ -172,7 +171,7 @@ class Master:
     def __init__(
         self,
         settings: MasterSettings,
-        proposer: Proposer[TrialProposal],
+        proposer: Proposer[Any],
         pool: WorkerPool,
         ledger: LedgerWriter,
         weights: WeightStore,
@@ -180,8 +179,10 @@ class Master:
         first_trial: int = 0,
         epochs_before: int = 0,
         clock: Callable[[], float] | None = None,
+        family: Family | None = None,
     ) -> None:
         self.settings = settings
+        self.family = family if family is not None else ImageFamily()
         self.proposer = proposer
         self.pool = pool
         self.ledger = ledger
@@ -316,9 +317,8 @@ class Master:
         self.proposed += 1
         self.proposer.at(self.clock() / self.settings.time_budget_s)
         proposal = self.proposer.ask(trial_id)
-        graph = apply_hparams(proposal.graph, proposal.hparams)  # what the worker will build
         seed = self.settings.seed * 100_003 + self.proposed
-        state = TrialState(trial_id, proposal, count_flops_memo(graph), seed, graph, compile_key=compile_key(graph))
+        state = TrialState(trial_id, proposal, self.family.prepare(proposal), seed)
         self.trials[trial_id] = state
         if logger.isEnabledFor(logging.INFO):
             origin = f" of {proposal.parent}" if proposal.parent else ""
@@ -345,13 +345,13 @@ class Master:
         )
         if inherit is not None:
             parent_ref = self.weights.shared(inherit, self.pool.put)
-        parent_graph = graph_to_dict(self.trials[inherit].graph) if inherit else None
+        parent_graph = self.family.arch_dict(self.trials[inherit].prepared.arch) if inherit else None
         state.sent_parent = inherit
         state.inherit = inherit if state.checkpoint is None else state.inherit
         spec = TrialSpec(
             trial_id=state.trial_id,
             kind=p.kind,
-            graph=graph_to_dict(state.graph),
+            graph=self.family.arch_dict(state.prepared.arch),
             hparams=dict(p.hparams),
             seed=state.seed,
             parent_graph=parent_graph,
@@ -570,17 +570,8 @@ class Master:
                 inherit=state.inherit,
                 morphs=[m.to_dict() for m in p.morphs],
                 lineage=[m.describe() for m in p.morphs],
-                arch_id=state.graph.key(),
-                graph=graph_to_dict(state.graph),
                 hparams=TrialHparams(**p.hparams),
-                flops=TrialFlops(
-                    forward=state.cost.forward,
-                    backward=state.cost.backward,
-                    update_per_step=state.cost.update_per_step,
-                    train_per_image=state.cost.train_per_image(batch),
-                    eval_per_image=state.cost.eval_per_image,
-                ),
-                params=p.graph.param_count,
+                **self.family.start_fields(p, state.prepared, batch),
                 worker=ev.worker,
                 node=info.get("node", ""),
                 attempt=state.attempt,
@@ -611,9 +602,9 @@ class Master:
             return
         d = _report(ev, EpochReport)
         now = self.clock()
-        train_ops, eval_ops = epoch_operations(state.cost, d.train_images, d.eval_images, d.batch_size)
-        aiperf_ops = aiperf_compatible_operations(state.graph, d.train_images, d.eval_images)
+        train_ops, eval_ops, aiperf_ops = self.family.epoch_ops(state.prepared, d)
         info = self.pool.worker_info(ev.worker)
+        compatible = {"aiperf_ops": aiperf_ops} if aiperf_ops is not None else {}
         self.ledger.append(
             epoch_record(
                 d,
@@ -623,9 +614,9 @@ class Master:
                 train_ops=train_ops,
                 eval_ops=eval_ops,
                 ops=train_ops + eval_ops,
-                aiperf_ops=aiperf_ops,
                 worker=ev.worker,
                 node=info.get("node", ""),
+                **compatible,
             )
         )
         if d.idle_before_s is not None:
@@ -903,7 +894,13 @@ def epoch_record(report: EpochReport, **measured_here: Any) -> EpochRecord:
     and the record share reaches the ledger without being named again here.
     """
     shared = {f.name: getattr(report, f.name) for f in fields(report) if f.name in EpochRecord.model_fields}
+    for name in _LANGUAGE_ONLY:  # an image epoch's record stays as it was: no null token counts
+        if shared.get(name) is None:
+            shared.pop(name, None)
     return EpochRecord(**shared, **measured_here)
+
+
+_LANGUAGE_ONLY = ("train_tokens", "eval_tokens", "bits_per_byte")
 
 
 _Message = TypeVar("_Message", EpochReport, TrialDone, BadImagesReport)

@@ -28,8 +28,11 @@ def format_elapsed(seconds: float) -> str:
 class Progress:
     """Accumulates what the master reports and prints a status line every ``interval_s``."""
 
-    def __init__(self, interval_s: float, budget_s: float, stream: TextIO | Output | None = None) -> None:
+    def __init__(
+        self, interval_s: float, budget_s: float, stream: TextIO | Output | None = None, family: str = "image"
+    ) -> None:
         self.interval_s = interval_s
+        self.language = family == "language"  # its quality shows as bits per byte (docs/llm.md)
         self.budget_s = budget_s
         self.stream = output(stream if stream is not None else sys.stdout)
         self.tty = self.stream.isatty()
@@ -60,11 +63,14 @@ class Progress:
 
     def line(self, t: float, running: int, queued: int = 0) -> str:
         ops = self.ops / self.last_epoch_t if self.last_epoch_t > 0 else 0.0
-        best = f"{self.best:.4f}" if self.best is not None else "-"
+        if self.language:
+            best = f"bits/byte {8 * (1 - self.best):.3f}" if self.best is not None else "bits/byte -"
+        else:
+            best = f"val acc {self.best:.4f}" if self.best is not None else "val acc -"
         return (
             f"[{format_elapsed(t)} / {format_elapsed(self.budget_s)}] trials {self.done} done, {running} running"
             f"{f', {queued} queued' if queued else ''}"
-            f"{f', {self.failed} failed' if self.failed else ''} | epochs {self.epochs} | best val acc {best}"
+            f"{f', {self.failed} failed' if self.failed else ''} | epochs {self.epochs} | best {best}"
             f" | {format_ops(ops)}"
         )
 

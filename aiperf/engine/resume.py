@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from aiperf.config import Config, config_from_dict
 from aiperf.engine.weights import WeightStore
@@ -33,9 +34,7 @@ from aiperf.record.schema import (
     parse_record,
 )
 from nas.errors import NasError
-from nas.morph import Morph
-from nas.proposer import Proposer, TrialKind, TrialProposal
-from nas.serialize import graph_from_dict
+from nas.proposer import Proposer
 
 
 class _Facts:
@@ -166,22 +165,14 @@ class ResumePoint:
         return self.last.seq
 
 
-def proposal_from_record(rec: TrialStartRecord) -> TrialProposal:
-    """The proposal a trial_start record describes, as the search made it."""
-    if rec.graph is None:
-        raise AiperfError("its architecture (graph) is not recorded")
-    return TrialProposal(
-        graph=graph_from_dict(rec.graph),
-        kind=TrialKind(rec.kind),
-        hparams=rec.hparams.model_dump(exclude_unset=True),
-        parent=rec.parent,
-        inherit=rec.inherit,
-        morphs=tuple(Morph.from_dict(m) for m in rec.morphs),
-        info=rec.info,
-    )
+def proposal_from_record(rec: TrialStartRecord, family: str = "image") -> Any:
+    """The proposal a trial_start record describes, as the search made it (of the run's family)."""
+    from aiperf.engine.family import family_for
+
+    return family_for(family).proposal_from_record(rec)
 
 
-def replay(records: Records, proposer: Proposer[TrialProposal], weights: WeightStore) -> ResumePoint:
+def replay(records: Records, proposer: Proposer[Any], weights: WeightStore, family: str = "image") -> ResumePoint:
     """Replay a ledger into a fresh proposer and reload the kept weights; where the next session starts.
 
     The records have passed their models' checks; what can still be wrong (an architecture
@@ -205,7 +196,7 @@ def replay(records: Records, proposer: Proposer[TrialProposal], weights: WeightS
         restored.add(trial)
         done = final.get(trial) == TrialStatus.COMPLETED
         try:
-            proposer.restore(trial, proposal_from_record(rec), best.get(trial), done)
+            proposer.restore(trial, proposal_from_record(rec, family), best.get(trial), done)
             if trial in final and not done:  # failed, lost or stopped: no longer pending
                 proposer.forget(trial)
         except (NasError, AiperfError, KeyError, TypeError, ValueError) as exc:

@@ -12,7 +12,7 @@ import logging
 import os
 import secrets
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -21,7 +21,7 @@ from aiperf.config import Config
 from aiperf.datasets import Dataset, load_dataset
 from aiperf.engine.output import Output, output
 from aiperf.engine.resume import Records, ResumePoint, read_resumable, recorded_config, replay, run_start
-from aiperf.engine.search import make_search, seed_architecture
+from aiperf.engine.search import lm_seed_spec, make_lm_search, make_search, seed_architecture
 from aiperf.engine.weights import WeightStore
 from aiperf.errors import AiperfError, os_error
 from aiperf.logs import through
@@ -29,15 +29,18 @@ from aiperf.record.files import remove_temporaries
 from aiperf.record.inert import inert
 from aiperf.record.ledger import LEDGER_NAME
 from aiperf.record.schema import DatasetHeader, RunStartRecord
+from nas.transformer import TransformerSpec
 
 if TYPE_CHECKING:
     from aiperf.cluster.plan import Plan
     from aiperf.cluster.resources import NodeInfo
+    from aiperf.datasets.language import LanguageData
     from aiperf.engine.master import Master
+    from aiperf.engine.weights import AnyWeights
     from aiperf.record.runlock import RunLock
     from aiperf.record.telemetry import TelemetryRecorder
     from nas.graph import Graph
-    from nas.proposer import Proposer, TrialProposal
+    from nas.proposer import Proposer
 
 logger = logging.getLogger(__name__)
 
@@ -167,19 +170,18 @@ def _run(
     from aiperf.training.backend import check_backend_installed
 
     check_backend_installed(cfg.model.backend)
-    dataset = load_dataset(cfg.dataset)
+    dataset, seed_graph = _data_and_seed(cfg, out)
     if previous and dataset.fingerprint() != run_start(previous).dataset.fingerprint:
         raise AiperfError(f"{run_dir}: the dataset on this machine differs from the one the run started with")
-    seed_graph = seed_architecture(cfg, dataset)
-    print(
-        f"aiperf: dataset {dataset.name}: {dataset.train_size} train / {dataset.val_size} validation images "
-        f"{tuple(dataset.input_shape)}, {dataset.num_classes} classes ({dataset.source})",
-        file=out,
-    )
     session = start_ray(address or cfg.cluster.address)
     try:
         nodes, plan = _size(cfg, dataset, out)
-        proposer = make_search(cfg, seed_graph, plan.batch_size, dataset, workers=plan.concurrency)
+        proposer: Proposer[Any]
+        if isinstance(seed_graph, TransformerSpec):
+            proposer = make_lm_search(cfg, seed_graph)
+        else:
+            assert isinstance(dataset, Dataset)
+            proposer = make_search(cfg, seed_graph, plan.batch_size, dataset, workers=plan.concurrency)
         if previous:
             assert run_dir is not None
             run_id = run_start(previous).run_id
@@ -213,6 +215,36 @@ def _run(
     return run_dir, summary
 
 
+def _data_and_seed(cfg: Config, out: Output) -> tuple[Dataset | LanguageData, Graph | TransformerSpec]:
+    """The run's data and its search's seed architecture, of the config's family; one line says what was loaded."""
+    if cfg.family == "language":
+        from aiperf.datasets.language import load_language_data
+
+        data = load_language_data(cfg)
+        spec = lm_seed_spec(cfg, data.vocab_size)
+        print(
+            f"aiperf: dataset {data.name}: {data.train_tokens:,} train / {data.val_tokens:,} validation tokens,"
+            f" vocabulary {data.vocab_size} ({data.tokenizer}; {data.source}); seed model {spec.n_blocks} blocks,"
+            f" width {spec.width}, {spec.params():,} parameters",
+            file=out,
+        )
+        return data, spec
+    dataset = load_dataset(cfg.dataset)
+    print(
+        f"aiperf: dataset {dataset.name}: {dataset.train_size} train / {dataset.val_size} validation images "
+        f"{tuple(dataset.input_shape)}, {dataset.num_classes} classes ({dataset.source})",
+        file=out,
+    )
+    return dataset, seed_architecture(cfg, dataset)
+
+
+def _weights_loader(cfg: Config) -> Callable[[Path], AnyWeights]:
+    """How ``--resume`` reads the kept weight files back: image sets, or language-model sets checked by name."""
+    from aiperf.engine.weights import load_lm_weights, load_weights
+
+    return load_lm_weights if cfg.family == "language" else load_weights
+
+
 def declared_peak(cfg: Config) -> dict[str, dict[str, float]]:
     """The site file's declared peaks (``cluster.site``), device -> precision -> FLOP/s; {} without a site file."""
     if not cfg.cluster.site:
@@ -228,7 +260,7 @@ def _lock(run_dir: Path) -> RunLock:
     return RunLock(run_dir).acquire("aiperf run")
 
 
-def _size(cfg: Config, dataset: Dataset, out: Output) -> tuple[list[NodeInfo], Plan]:
+def _size(cfg: Config, dataset: Dataset | LanguageData, out: Output) -> tuple[list[NodeInfo], Plan]:
     """The cluster's nodes and the plan for them; every node that trains must see a streamed dataset."""
     from aiperf.cluster.plan import format_plan, make_plan
     from aiperf.cluster.resources import cluster_nodes
@@ -240,7 +272,7 @@ def _size(cfg: Config, dataset: Dataset, out: Output) -> tuple[list[NodeInfo], P
     if not plan.slots:
         raise AiperfError("the cluster has no room for a single trial (no CPUs or GPUs Ray can schedule)")
     print(format_plan(plan), file=out)
-    if dataset.streaming:
+    if isinstance(dataset, Dataset) and dataset.streaming:  # token shards: each worker opens them at its start
         from aiperf.cluster.dataset_check import check_nodes_see_dataset
 
         training = {s.node_id for s in plan.slots}
@@ -254,11 +286,11 @@ def _session(
     cfg: Config,
     run_dir: Path,
     run_id: str,
-    dataset: Dataset,
-    seed_graph: Graph,
+    dataset: Dataset | LanguageData,
+    seed_graph: Graph | TransformerSpec,
     nodes: list[NodeInfo],
     plan: Plan,
-    proposer: Proposer[TrialProposal],
+    proposer: Proposer[Any],
     previous: Records,
     out: Output,
 ) -> None:
@@ -269,18 +301,18 @@ def _session(
     from aiperf.record.energy import MeterSpec
     from aiperf.record.telemetry import TelemetryRecorder
 
-    weights = WeightStore(cfg.cluster.keep_weights, run_dir / WEIGHTS_DIR)
+    weights = WeightStore(cfg.cluster.keep_weights, run_dir / WEIGHTS_DIR, loader=_weights_loader(cfg))
     system = system_description(nodes, plan, declared_peak(cfg))
     header: RunStartRecord | ResumePoint
     if previous:
-        header = replay(previous, proposer, weights)
+        header = replay(previous, proposer, weights, cfg.family)
     else:
         described = DatasetHeader(**dataset.describe(), fingerprint=dataset.fingerprint())
         backend = cfg.model.backend
         header = run_start_record(
             cfg, run_id=run_id, plan=plan, dataset=described, system=system, backend=backend, seed_graph=seed_graph
         )
-    progress = Progress(cfg.run.progress_interval_s, cfg.run.time_budget_s, out)
+    progress = Progress(cfg.run.progress_interval_s, cfg.run.time_budget_s, out, family=cfg.family)
     print(
         f"aiperf: run {inert(run_id)}: searching for {cfg.run.time_budget_s:g} s;"
         f" ledger {inert(run_dir / LEDGER_NAME)}",
@@ -296,7 +328,7 @@ def _session(
         proposer=proposer,
         pool=pool,
         weights=weights,
-        dataset_images=dataset.train_size + dataset.val_size,
+        dataset_images=dataset.train_size + dataset.val_size if isinstance(dataset, Dataset) else 0,
         progress=progress,
     )
     meter = cfg.run.power_meter

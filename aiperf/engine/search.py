@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aiperf.config import Config
@@ -22,8 +23,10 @@ from nas.proposer import Proposer, TrialProposal
 
 if TYPE_CHECKING:
     from nas.limits import Limits
+    from nas.lm_search import LMTrialProposal
     from nas.schedule import SizeSchedule
     from nas.search import SearchSettings
+    from nas.transformer import TransformerSpec
 
 logger = logging.getLogger(__name__)
 
@@ -209,3 +212,109 @@ def size_schedule(cfg: Config, seed_graph: Graph, limits: Limits) -> SizeSchedul
     if growth is None or start is None:
         return None
     return SizeSchedule(start, min(start * growth, max(start, cfg.search.max_flops_per_image)), cfg.search.size_band)
+
+
+MAX_SPEC_FILE_BYTES = 1 << 20  # an aiperf-transformer JSON is a few hundred bytes
+
+
+def lm_seed_spec(cfg: Config, vocab_size: int) -> TransformerSpec:
+    """The language search's starting model: ``lm.seed`` sized, or an aiperf-transformer JSON.
+
+    Its vocabulary must hold the data's.
+    """
+    import json
+
+    from nas.transformer import TransformerSpec
+
+    name = cfg.lm.seed_architecture
+    try:
+        if name == "seed":
+            s = cfg.lm.seed
+            spec = TransformerSpec(
+                vocab_size=vocab_size,
+                seq_len=s.context,
+                width=s.width,
+                head_dim=s.head_dim,
+                heads=(s.heads,) * s.blocks,
+                mlp_hidden=(s.mlp_hidden,) * s.blocks,
+            )
+        else:
+            try:
+                spec = TransformerSpec.from_dict(json.loads(_read_spec_file(Path(name))))
+            except (ValueError, RecursionError) as exc:
+                raise AiperfError(f"lm.seed_architecture: {name}: not valid JSON ({str(exc)[:120]})") from None
+    except NasError as exc:
+        raise AiperfError(f"lm.seed_architecture: {exc}") from None
+    if spec.vocab_size < vocab_size:
+        raise AiperfError(
+            f"lm.seed_architecture: the model's vocabulary ({spec.vocab_size}) is smaller than"
+            f" the data's ({vocab_size})"
+        )
+    return spec
+
+
+def make_lm_search(cfg: Config, seed: TransformerSpec) -> Proposer[LMTrialProposal]:
+    """The proposer of a language run: GP-UCB over function-preserving transformer growth, with TPE re-tunes."""
+    from nas.lm_hpo import LMHyperparameterSpace
+    from nas.lm_search import LMLimits, LMSearchSettings
+    from nas.lm_search import make_lm_search as build
+
+    lm, s = cfg.lm, cfg.search
+    try:
+        space = LMHyperparameterSpace(
+            learning_rate=lm.hpo_learning_rate,
+            warmup_fraction=lm.hpo_warmup_fraction,
+            weight_decay=lm.hpo_weight_decay,
+            batch_sizes=tuple(lm.hpo_batch_sizes),
+            seq_lens=tuple(lm.hpo_seq_lens),
+            epochs=cfg.hpo.epochs,
+            max_batch_tokens=lm.max_batch_tokens,
+        )
+        settings = LMSearchSettings(
+            strategy=s.strategy,
+            seed=cfg.run.seed,
+            ucb_beta=s.ucb_beta,
+            retune_fraction=s.retune_fraction,
+            max_morphs_per_child=s.max_morphs_per_child,
+            candidates=min(s.candidates, 1024),
+            gp_window=s.gp_window,
+            default_hparams={
+                "learning_rate": lm.learning_rate,
+                "warmup_fraction": lm.warmup_fraction,
+                "weight_decay": lm.weight_decay,
+                "batch_size": lm.batch_size,
+                "seq_len": lm.seq_len,
+                "epochs": cfg.train.epochs_per_trial,
+            },
+            hparam_space=space,
+        )
+        limits = LMLimits(lm.max_blocks, lm.max_params, lm.max_train_flops_per_token)
+        return build(settings, seed, limits)
+    except NasError as exc:
+        raise AiperfError(f"lm: {exc}") from None
+
+
+def _read_spec_file(path: Path) -> str:
+    """An aiperf-transformer file's text: a regular file of at most MAX_SPEC_FILE_BYTES (a FIFO is refused unread)."""
+    import stat
+
+    where = f"lm.seed_architecture: {path}"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError as exc:
+        raise AiperfError(f"{where}: cannot read ({exc.strerror})") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise AiperfError(f"{where}: not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            data = fh.read(MAX_SPEC_FILE_BYTES + 1)
+    except OSError as exc:
+        raise AiperfError(f"{where}: cannot read ({exc.strerror})") from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_SPEC_FILE_BYTES:
+        raise AiperfError(f"{where}: over the {MAX_SPEC_FILE_BYTES:,}-byte limit of a transformer description")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise AiperfError(f"{where}: not UTF-8 text") from None

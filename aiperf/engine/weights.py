@@ -13,6 +13,8 @@ so the master can record them in the ledger and a file swapped afterwards is det
 one cannot be written (a full disk) the set stays in memory, no partial file is left, the run
 goes on, and the problem is logged once per cause as a warning.
 
+An image set's arrays are stored as ``node:index`` members, a language model's
+(:mod:`nas.transformer`) by their weight names; either kind goes through the same store.
 A stored file is read back (``--resume``, ``aiperf audit``) from its headers first: the zip's
 declared sizes and each ``.npy`` member's shape and dtype are checked against the architecture
 (or, without one, against the absolute caps below) before any array is unpacked, so a small file
@@ -30,10 +32,11 @@ import math
 import os
 import stat
 import zipfile
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -45,10 +48,13 @@ from aiperf.record.files import write_atomic
 
 if TYPE_CHECKING:
     from nas.graph import Graph
+    from nas.transformer import TransformerSpec
 
 logger = logging.getLogger(__name__)
 
 Weights = dict[int, list[np.ndarray]]
+LMWeights = dict[str, np.ndarray]  # a language model's set (nas.transformer.Weights)
+AnyWeights = Weights | LMWeights
 
 # Every array a weights file holds: get_weights() stores float32 whatever the precision policy.
 WEIGHTS_DTYPE = np.dtype("<f4")
@@ -62,6 +68,10 @@ MAX_WEIGHTS_MEMBERS = 10_000
 MEMBER_SLACK_BYTES = 10_240
 # On top of the arrays: the zip's end-of-central-directory records.
 FILE_SLACK_BYTES = 1 << 16
+# A language model's array name ("blocks.1023.w_down" is 18): room to spare, still a bounded message.
+MAX_LM_NAME_CHARS = 64
+
+T = TypeVar("T")
 
 
 class WeightsFileError(AiperfError):
@@ -77,9 +87,18 @@ class SavedFile:
     size: int
 
 
-def weights_bytes(weights: Weights) -> bytes:
-    """The ``.npz`` bytes of a weight set (arrays named ``node:index``)."""
-    arrays: dict[str, Any] = {f"{node}:{k}": a for node, arrs in weights.items() for k, a in enumerate(arrs)}
+def weights_bytes(weights: AnyWeights) -> bytes:
+    """The ``.npz`` bytes of a weight set: an image set's arrays named ``node:index``, a language
+    model's by their own names (:func:`nas.transformer.init_weights`'s, which hold no ``:``, so
+    the two kinds of file never read as each other)."""
+    arrays: dict[str, Any]
+    if all(isinstance(k, str) for k in weights):
+        bad = next((k for k in weights if not _is_lm_name(str(k))), None)
+        if bad is not None:
+            raise WeightsFileError(f"LM weights: array name {excerpt(bad)} is not letters, digits, '_' and '.'")
+        arrays = {str(k): a for k, a in weights.items()}
+    else:
+        arrays = {f"{node}:{k}": a for node, arrs in weights.items() for k, a in enumerate(arrs)}
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
     return buffer.getvalue()
@@ -107,7 +126,7 @@ def file_sha256(path: str | Path) -> tuple[str, int]:
         os.close(fd)
 
 
-def save_weights(weights: Weights, path: Path) -> tuple[str, int]:
+def save_weights(weights: AnyWeights, path: Path) -> tuple[str, int]:
     """Write atomically (unique temp file + rename) so a crash or a full disk never leaves a partial file.
 
     Returns the SHA-256 hex and size of the bytes written: hashed from the very bytes that go
@@ -128,19 +147,39 @@ def expected_arrays(graph: Graph) -> dict[str, tuple[int, ...]]:
 
 
 @dataclass(frozen=True)
-class _Member:
-    info: zipfile.ZipInfo
-    node: int
-    index: int
+class _Layout:
+    """What a weights file must hold: how its members are named and, with an architecture, which arrays.
+
+    ``want`` (None: any well-named arrays within the absolute caps) maps member names to shapes;
+    ``cap`` is the most array bytes the file may hold, ``whose`` what that is (for a message).
+    """
+
+    want: dict[str, tuple[int, ...]] | None
+    cap: int
+    whose: str
+    named: Callable[[str], bool]  # whether a member name (without .npy) is of this kind
+    form: str  # the names' form, for a message
+
+    @property
+    def most_members(self) -> int:
+        return len(self.want) if self.want is not None else MAX_WEIGHTS_MEMBERS
+
+    @property
+    def most_file_bytes(self) -> int:
+        return self.cap + self.most_members * MEMBER_SLACK_BYTES + FILE_SLACK_BYTES
 
 
 def _member_key(name: str) -> tuple[int, int] | None:
-    """``(node, index)`` of a member named ``node:index.npy`` as ``np.savez`` writes it, else None."""
-    stem = name.removesuffix(".npy")
-    node, sep, index = stem.partition(":")
-    if name == stem or not sep or not (node.isdigit() and index.isdigit()) or len(stem) > 40:
+    """``(node, index)`` of a member named ``node:index`` (``np.savez``'s name less ``.npy``), else None."""
+    node, sep, index = name.partition(":")
+    if not sep or not (node.isdigit() and index.isdigit()) or len(name) > 40:
         return None
     return int(node), int(index)
+
+
+def _is_lm_name(name: str) -> bool:
+    """A language model's array name: ``tok_emb``, ``blocks.3.wq``, ... (ASCII letters, digits, ``_``, ``.``)."""
+    return 0 < len(name) <= MAX_LM_NAME_CHARS and name.isascii() and name.replace("_", "a").replace(".", "a").isalnum()
 
 
 def _npy_header(fh: Any) -> tuple[tuple[int, ...], np.dtype, int]:
@@ -155,43 +194,54 @@ def _npy_header(fh: Any) -> tuple[tuple[int, ...], np.dtype, int]:
     return tuple(shape), dtype, fh.tell()
 
 
-def _array_bytes_cap(graph: Graph | None) -> tuple[int, str]:
-    """The most array bytes a weights file of ``graph`` may hold, and what that is (for a message)."""
+def _image_layout(graph: Graph | None) -> _Layout:
+    """An image set's file: ``node:index`` members, the graph's arrays (its float32 bytes at most)."""
+    cap, whose = MAX_WEIGHTS_BYTES, f"the {MAX_WEIGHTS_BYTES:,} bytes a weights file may hold"
     if graph is not None:
         need = graph.param_count * WEIGHTS_DTYPE.itemsize
         if need <= MAX_WEIGHTS_BYTES:
-            return need, f"the {need:,} bytes the architecture's {graph.param_count:,} float32 parameters take"
-    return MAX_WEIGHTS_BYTES, f"the {MAX_WEIGHTS_BYTES:,} bytes a weights file may hold"
-
-
-def _check_members(zf: zipfile.ZipFile, label: str, graph: Graph | None) -> list[_Member]:
-    """Every member checked from the zip's and the ``.npy`` headers; nothing is unpacked.
-
-    With ``graph``: the members are exactly its arrays, each of its shape, as float32. Without
-    (``--resume``'s reload, which inherits through a replay that checks shapes itself): well-named
-    float32 arrays within the absolute caps.
-    """
+            cap, whose = need, f"the {need:,} bytes the architecture's {graph.param_count:,} float32 parameters take"
     want = expected_arrays(graph) if graph is not None else None
+    return _Layout(want, cap, whose, lambda name: _member_key(name) is not None, "node:index")
+
+
+def _lm_layout(spec: TransformerSpec | None) -> _Layout:
+    """A language model's file: members named as its weights, exactly the spec's arrays when given.
+
+    With a spec the array bytes are the spec's own float32 parameters, whatever their number (the
+    members must match its shapes one by one); without one, the absolute cap.
+    """
+    if spec is None:
+        whose = f"the {MAX_WEIGHTS_BYTES:,} bytes a weights file may hold"
+        return _Layout(None, MAX_WEIGHTS_BYTES, whose, _is_lm_name, "<weight name>")
+    need = spec.params() * WEIGHTS_DTYPE.itemsize
+    whose = f"the {need:,} bytes the architecture's {spec.params():,} float32 parameters take"
+    return _Layout(spec.weight_shapes(), need, whose, _is_lm_name, "<weight name>")
+
+
+def _check_members(zf: zipfile.ZipFile, label: str, layout: _Layout) -> dict[str, zipfile.ZipInfo]:
+    """Every member checked from the zip's and the ``.npy`` headers, by name; nothing is unpacked.
+
+    With an architecture (``layout.want``): the members are exactly its arrays, each of its shape,
+    as float32. Without (``--resume``'s reload, which inherits through a replay that checks shapes
+    itself): well-named float32 arrays within the absolute caps.
+    """
+    want, cap, whose = layout.want, layout.cap, layout.whose
     infos = zf.infolist()
-    most = len(want) if want is not None else MAX_WEIGHTS_MEMBERS
+    most = layout.most_members
     if len(infos) > most:
         needs = f"the architecture has {most:,} arrays" if want is not None else f"at most {most:,} are read"
         raise WeightsFileError(f"{label}: holds {len(infos):,} members, {needs}")
-    cap, whose = _array_bytes_cap(graph)
     declared = sum(i.file_size for i in infos)
     if declared > cap + MEMBER_SLACK_BYTES * len(infos):
         raise WeightsFileError(f"{label}: its members declare {declared:,} bytes unpacked, more than {whose}")
-    members: list[_Member] = []
-    seen: set[str] = set()
+    members: dict[str, zipfile.ZipInfo] = {}
     for info in infos:
-        key = _member_key(info.filename)
-        name = excerpt(info.filename.removesuffix(".npy"))
-        if key is None:
-            raise WeightsFileError(f"{label}: member {name} is not an array named node:index.npy")
-        stem = f"{key[0]}:{key[1]}"
-        if stem in seen:
+        stem = info.filename.removesuffix(".npy")
+        if stem == info.filename or not layout.named(stem):
+            raise WeightsFileError(f"{label}: member {excerpt(stem)} is not an array named {layout.form}.npy")
+        if stem in members:
             raise WeightsFileError(f"{label}: member '{stem}' appears twice")
-        seen.add(stem)
         if want is not None and stem not in want:
             raise WeightsFileError(f"{label}: member '{stem}' is not an array of the architecture")
         if info.flag_bits & 0x1 or info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
@@ -218,11 +268,37 @@ def _check_members(zf: zipfile.ZipFile, label: str, graph: Graph | None) -> list
                 f"{label}: member '{stem}' declares {count:,} elements but {info.file_size:,} bytes unpacked,"
                 f" not the {offset + nbytes:,} they take"
             )
-        members.append(_Member(info, *key))
-    if want is not None and len(seen) != len(want):
-        missing = next(k for k in want if k not in seen)
+        members[stem] = info
+    if want is not None and len(members) != len(want):
+        missing = next(k for k in want if k not in members)
         raise WeightsFileError(f"{label}: has no member '{missing}', an array of the architecture")
     return members
+
+
+def _read_arrays(path: Path, label: str, layout: _Layout, finish: Callable[[dict[str, np.ndarray]], T]) -> T:
+    """A weights file's arrays by member name, checked from its headers first, handed to ``finish``.
+
+    The one reader of both kinds of file: a size bound before the zip is opened, every member's
+    header before any array is unpacked, no pickles; every failure (``finish``'s too) is one
+    :class:`WeightsFileError` naming the file, ``OSError`` when it cannot be read.
+    """
+    try:
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):  # a FIFO would block the reads below
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        size, cap = info.st_size, layout.most_file_bytes
+        if size > cap:
+            raise WeightsFileError(f"{label}: {size:,} bytes, more than a weights file of at most {cap:,}")
+        arrays: dict[str, np.ndarray] = {}
+        with open_zip(path, label, MAX_WEIGHTS_MEMBERS, WeightsFileError) as zf:
+            for stem, member in _check_members(zf, label, layout).items():
+                with zf.open(member) as fh:  # unpacks at most the declared size checked above
+                    arrays[stem] = np.lib.format.read_array(fh, allow_pickle=False)
+        return finish(arrays)
+    except MemoryError:
+        raise WeightsFileError(f"{label}: ran out of memory reading the weights file") from None
+    except (ValueError, KeyError, EOFError, RuntimeError, NotImplementedError, zipfile.BadZipFile) as exc:
+        raise WeightsFileError(f"{label}: not a readable weights file ({first_line(exc, 160)})") from None
 
 
 def load_weights(path: Path, graph: Graph | None = None, name: str | None = None) -> Weights:
@@ -233,35 +309,36 @@ def load_weights(path: Path, graph: Graph | None = None, name: str | None = None
     weights (or that runs out of memory anyway), ``OSError`` when it cannot be read.
     """
     label = name or str(path)
-    try:
-        info = os.stat(path)
-        if not stat.S_ISREG(info.st_mode):  # a FIFO would block the reads below
-            raise OSError(errno.EINVAL, "not a regular file", str(path))
-        size = info.st_size
-        most = len(expected_arrays(graph)) if graph is not None else MAX_WEIGHTS_MEMBERS
-        cap = _array_bytes_cap(graph)[0] + most * MEMBER_SLACK_BYTES + FILE_SLACK_BYTES
-        if size > cap:
-            raise WeightsFileError(f"{label}: {size:,} bytes, more than a weights file of at most {cap:,}")
+
+    def by_node(arrays: dict[str, np.ndarray]) -> Weights:
         out: Weights = {}
-        with open_zip(path, label, MAX_WEIGHTS_MEMBERS, WeightsFileError) as zf:
-            members = _check_members(zf, label, graph)
-            for m in sorted(members, key=lambda m: (m.node, m.index)):
-                with zf.open(m.info) as fh:  # unpacks at most the declared size checked above
-                    out.setdefault(m.node, []).append(np.lib.format.read_array(fh, allow_pickle=False))
-        for m in members:  # without an architecture to compare with, the numbering at least has no gap
-            if m.index >= len(out[m.node]):
-                raise WeightsFileError(f"{label}: node {m.node}'s arrays are not numbered 0, 1, 2, ...")
+        keys = {stem: _member_key(stem) for stem in arrays}
+        for stem in sorted(arrays, key=lambda s: keys[s] or (0, 0)):
+            node, index = keys[stem] or (0, 0)
+            # Without an architecture to compare with, the numbering at least has no gap.
+            if index != len(out.setdefault(node, [])):
+                raise WeightsFileError(f"{label}: node {node}'s arrays are not numbered 0, 1, 2, ...")
+            out[node].append(arrays[stem])
         return out
-    except MemoryError:
-        raise WeightsFileError(f"{label}: ran out of memory reading the weights file") from None
-    except (ValueError, KeyError, EOFError, RuntimeError, NotImplementedError, zipfile.BadZipFile) as exc:
-        raise WeightsFileError(f"{label}: not a readable weights file ({first_line(exc, 160)})") from None
+
+    return _read_arrays(path, label, _image_layout(graph), by_node)
+
+
+def load_lm_weights(path: Path, spec: TransformerSpec | None = None, name: str | None = None) -> LMWeights:
+    """Read a language model's weights file back, checked as :func:`load_weights` checks an image set's.
+
+    With ``spec`` the members are exactly ``spec.weight_shapes()`` (names and shapes); without
+    (``--resume``'s reload: the child's replay and trainer check the shapes) well-named float32
+    arrays within the absolute caps. Raises :class:`WeightsFileError` naming the file and the problem.
+    """
+    return _read_arrays(path, name or str(path), _lm_layout(spec), dict)
 
 
 class WeightStore:
     """The best trials' weights (or references to them on their nodes) and their files; lookups by trial id.
 
-    A kept set that arrives as arrays (an in-process pool, a ``--resume`` reload) is written at
+    Image and language-model sets alike (``loader`` reads the run's kind of file back). A kept set
+    that arrives as arrays (an in-process pool, a ``--resume`` reload) is written at
     once. One that arrives as a :class:`~aiperf.cluster.messages.StoredWeights` reference stays on
     its node for children to fetch; its file is *collected* on a thread of the store's own: fetched
     from the node and written while the master goes on. :meth:`drain_saved` gives the files
@@ -269,8 +346,14 @@ class WeightStore:
     for the collections still running at the run's end, before the workers and keepers go.
     """
 
-    def __init__(self, capacity: int, directory: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        directory: str | Path | None = None,
+        loader: Callable[[Path], AnyWeights] = load_weights,
+    ) -> None:
         self.capacity = capacity
+        self.loader = loader  # reads a kept file back (reload, lost): load_lm_weights for a language run
         self.directory = Path(directory) if directory else None
         if self.directory:
             try:
@@ -278,7 +361,7 @@ class WeightStore:
             except OSError as exc:
                 raise os_error(exc, self.directory, "create the weights folder") from None
         self._warned: set[Any] = set()
-        self._weights: dict[str, Weights | StoredWeights] = {}
+        self._weights: dict[str, AnyWeights | StoredWeights] = {}
         self._score: dict[str, float] = {}
         self._refs: dict[str, Any] = {}
         self._saved: dict[str, SavedFile] = {}
@@ -293,7 +376,7 @@ class WeightStore:
     def __len__(self) -> int:
         return len(self._weights)
 
-    def put(self, trial: str, weights: Weights | StoredWeights, score: float) -> bool:
+    def put(self, trial: str, weights: AnyWeights | StoredWeights, score: float) -> bool:
         """Keep ``weights`` if they rank among the best; returns whether they were kept."""
         if len(self._weights) >= self.capacity:
             worst = min(self._score, key=lambda t: (self._score[t], t))
@@ -315,7 +398,7 @@ class WeightStore:
                 self._written.append(trial)
         return True
 
-    def _write(self, trial: str, weights: Weights) -> SavedFile | None:
+    def _write(self, trial: str, weights: AnyWeights) -> SavedFile | None:
         """Write ``trial``'s file; None (warned once per cause) when the disk refuses."""
         assert self.directory is not None
         path = self.directory / f"{trial}.npz"
@@ -398,7 +481,7 @@ class WeightStore:
         saved = self._saved.get(trial)
         if saved is not None and self.directory is not None:
             try:
-                self._weights[trial] = load_weights(self.directory / f"{trial}.npz")
+                self._weights[trial] = self.loader(self.directory / f"{trial}.npz")
                 self._refs.pop(trial, None)
                 logger.warning(f"the weights of {trial} are gone with their node: children inherit its collected file")
                 return
@@ -410,7 +493,7 @@ class WeightStore:
         """The file this store wrote for ``trial`` in this session (None: not kept, not written yet, or evicted)."""
         return self._saved.get(trial)
 
-    def get(self, trial: str) -> Weights | None:
+    def get(self, trial: str) -> AnyWeights | None:
         """The arrays of a kept set held in this process (None: not kept, or left on its node)."""
         held = self._weights.get(trial)
         return None if isinstance(held, StoredWeights) else held
@@ -438,7 +521,7 @@ class WeightStore:
             trial = path.stem
             if trial in scores and trial not in self._weights:
                 try:
-                    self._weights[trial] = load_weights(path)
+                    self._weights[trial] = self.loader(path)
                 except (OSError, WeightsFileError) as exc:
                     why = str(exc) if isinstance(exc, WeightsFileError) else f"{path}: {first_line(exc, 120)}"
                     logger.warning(

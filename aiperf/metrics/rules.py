@@ -153,10 +153,15 @@ def _compare(measured: str, passed: bool, required: str) -> str:
     return f"{measured} {'≥' if passed else '<'} {required} required"
 
 
-def _accuracy_rule(score: Score, minimum: float) -> RuleResult:
+def _accuracy_rule(score: Score, minimum: float, family: str = "image") -> RuleResult:
+    """Best validation top-1 of an image run; of a language run its quality, 1 - bits per byte / 8 (docs/llm.md)."""
     best = score.best_val_acc
     measured = "none" if best is None else _number(best)
     passed = best is not None and best >= minimum
+    if family == "language":
+        bits = "" if best is None else f" ({_number(round(8 * (1 - best), 4))} bits per byte)"
+        text = _compare(f"best validation quality {measured}{bits}", passed, f"{_number(minimum)}")
+        return RuleResult("quality", passed, measured, _number(minimum), text)
     text = _compare(f"best validation top-1 {measured}", passed, _number(minimum))
     return RuleResult("accuracy", passed, measured, _number(minimum), text)
 
@@ -255,7 +260,7 @@ def evaluate_rules(records: Iterable[Record], score: Score | None = None) -> Ver
     if score is None:
         score = compute_score(records)
     results = (
-        _accuracy_rule(score, rules.min_accuracy),
+        _accuracy_rule(score, rules.min_accuracy, start.family),
         _precision_rule(of_type(records, EpochRecord), rules.min_precision_bits),
         _held_out_rule(start),
         _epochs_rule(score),

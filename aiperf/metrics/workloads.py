@@ -40,6 +40,10 @@ class Workload:
     # Runs of one config a ranked list entry needs (aiperf check, docs/submission.md): one score moves
     # 16.6 % across search seeds on the default config (issue 21), so a list shows a median of several.
     ranked_runs: int = 3
+    # image, or language: then min_accuracy is the quality 1 - bits per byte / 8 (docs/llm.md), and the
+    # data is identified by its fingerprint, not an image count (the embedded corpus is the text of the
+    # Python installation, which differs between Python versions; token shards are the site's own).
+    family: str = "image"
 
     @property
     def rules(self) -> dict[str, float]:
@@ -72,6 +76,8 @@ WORKLOADS: dict[str, Workload] = {
         Workload("smoke", "smoke", ("digits",), 1_797, (1_438, 359), 0.80, ranked_runs=2),
         Workload("fashion_mnist", "fashion-mnist", ("fashion_mnist",), 70_000, None, 0.90),
         Workload("synthetic", "synthetic", ("synthetic",), 22_000, (20_000, 2_000), 0.0),
+        Workload("llm", "llm", ("text",), 0, None, 0.5, family="language"),
+        Workload("llm-official", "llm-official", ("token_shards",), 0, None, 0.6, family="language"),
     )
 }
 
@@ -129,6 +135,12 @@ def identify(start: RunStartRecord) -> Comparability:
         if given.get(key) is None or float(given[key]) != float(value):
             reasons.append(f"rules.{key} {_number(given.get(key))} instead of {_number(value)}")
     reasons += _schedule_differences(workload, start)
+    if workload.family == "language":
+        if start.family != "language":
+            reasons.append(f"a run of {start.family} models, not language models")
+        elif dataset.train_tokens is None or dataset.eval_tokens is None:
+            reasons.append("dataset size not recorded")
+        return Comparability(workload.name, tuple(reasons))
     train, evaluation = dataset.train_images, dataset.eval_images
     skipped = dataset.bad_images.count if dataset.bad_images is not None else 0
     if train is not None and evaluation is not None:

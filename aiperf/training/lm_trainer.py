@@ -32,6 +32,10 @@ built with :func:`~aiperf.training.lm_model.build_lm` and trained on next-token 
   ``eval_flops = forward(1) * validation tokens`` per epoch.
 * **Precision**: ``float32`` (default) or ``mixed_bfloat16`` (bf16 matrices, float32
   norms, logits and variables; no loss scaling needed).
+* **Epoch by epoch**: :class:`LMTraining` is the built trial, its :meth:`~LMTraining.train`
+  a generator of epochs (the worker's :mod:`aiperf.training.lm_runner` reports and checkpoints
+  each); it resumes a re-queued trial at ``start_epoch`` on the same windows and schedule
+  position (the optimizer's moments restart). :func:`train_lm_trial` runs every epoch of one.
 
 Every size (batch, sequence length, steps, epochs, evaluation windows, tokens per epoch)
 and every hyperparameter is checked before anything is built or drawn; a bad one raises one
@@ -47,7 +51,7 @@ import hashlib
 import math
 import operator
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -503,6 +507,161 @@ def _evaluate(model: Any, x: np.ndarray, y: np.ndarray, batch: int) -> float:
     return loss
 
 
+class LMTraining:
+    """A trial checked, built and compiled, trained one epoch at a time by :meth:`train`.
+
+    The worker reports (and checkpoints) each epoch as it completes and continues a re-queued
+    trial at the epoch its checkpoint holds, so the epochs are a generator over a model that
+    lives between them; :func:`train_lm_trial` runs them all at once.
+
+    ``start_epoch`` (epochs already trained, their weights in ``weights``) resumes a trial:
+    epochs ``start_epoch + 1 .. epochs`` are trained, each on the windows of its own epoch
+    number, and the schedule continues at update ``start_epoch * steps_per_epoch``, so the
+    resumed trial sees the data and learning rates of an uninterrupted one. The AdamW moments
+    are not in a checkpoint (weights only): they restart from zero, so the losses after a resume
+    are close to, not bitwise equal to, an uninterrupted trial's.
+    """
+
+    def __init__(
+        self,
+        spec: TransformerSpec,
+        hparams: Mapping[str, Any],
+        data: LMData,
+        *,
+        weights: Mapping[str, np.ndarray] | None = None,
+        epochs: int | None = None,
+        steps_per_epoch: int,
+        eval_windows: int,
+        precision: str | None = None,
+        seed: int,
+        jit_compile: bool | str = "auto",
+        start_epoch: int = 0,
+    ) -> None:
+        import keras
+
+        t0 = time.perf_counter()
+        plan = check_lm_trial(
+            spec,
+            hparams,
+            epochs=epochs,
+            steps_per_epoch=steps_per_epoch,
+            eval_windows=eval_windows,
+            precision=precision,
+            seed=seed,
+        )
+        self.start_epoch = _integer("start_epoch", start_epoch, 0, plan.epochs)
+        if self.start_epoch and weights is None:
+            raise AiperfError(f"LM trial: resuming after epoch {self.start_epoch} needs that epoch's weights")
+        for method in ("train_windows", "val_windows"):
+            if not callable(getattr(data, method, None)):
+                raise AiperfError(f"LM trial: data has no {method}() method ({type(data).__name__})")
+        self.bytes_per_token = _bytes_per_token(data)
+        data_vocab = getattr(data, "vocab_size", None)
+        if isinstance(data_vocab, int) and not isinstance(data_vocab, bool) and data_vocab > spec.vocab_size:
+            raise AiperfError(
+                f"LM trial: the data's vocabulary ({data_vocab}) is larger than the model's ({spec.vocab_size})"
+            )
+        if weights is not None:
+            try:
+                check_weights(spec, weights)
+            except NasError as exc:
+                raise AiperfError(f"LM trial: {exc}") from None
+        self.spec, self.plan, self.data = spec, plan, data
+        self.x_val, self.y_val = _windows(
+            data.val_windows(plan.seq_len, plan.eval_windows), plan.seq_len, spec.vocab_size, "validation windows"
+        )
+        self.val_fingerprint = _fingerprint(self.x_val, self.y_val)
+        flops = transformer_flops(spec, plan.seq_len)
+        # Training counts one AdamW update per step spread over its tokens, as an image epoch counts one per batch.
+        self.train_flops_per_token = flops.train_per_token(plan.batch_size * plan.seq_len)
+        self.eval_flops_per_token = flops.forward(1)
+
+        seed_trial(plan.seed % (2**31))
+        start = dict(weights) if weights is not None else init_weights(spec, plan.seed)
+        self.model = build_lm(spec, start, dtype_policy=None if plan.precision == "float32" else plan.precision)
+        self.model.compile(
+            optimizer=make_optimizer(plan),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            jit_compile=jit_compile,
+        )
+        self.model.optimizer.build(self.model.trainable_variables)
+        self.model.optimizer.iterations.assign(self.start_epoch * plan.steps_per_epoch)
+        self.startup_seconds = time.perf_counter() - t0
+        self.first_step_seconds: float | None = None  # the first trained epoch's first step, compilation included
+        self.window: tuple[float, float] | None = None  # perf_counter at the last epoch's fit start and eval end
+
+    @property
+    def eval_tokens(self) -> int:
+        return int(self.y_val.size)
+
+    @property
+    def updates(self) -> int:
+        """Optimizer updates so far, counting a resumed trial's earlier ones: the schedule's position."""
+        import keras
+
+        return int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+
+    def evaluate(self) -> tuple[float, float]:
+        """(validation loss in nats per token, seconds it took) of the model's current weights."""
+        t_eval = time.perf_counter()
+        loss = _evaluate(self.model, self.x_val, self.y_val, self.plan.batch_size)
+        return loss, time.perf_counter() - t_eval
+
+    def weights(self) -> Weights:
+        """The current weights as NumPy arrays named as in :func:`~nas.transformer.init_weights`."""
+        return lm_weights_from_keras(self.model)
+
+    def train(self) -> Iterator[EpochLM]:
+        """Train the remaining epochs, yielding each one's record as it completes."""
+        import keras
+
+        plan, spec = self.plan, self.spec
+        count = plan.steps_per_epoch * plan.batch_size
+        tokens = count * plan.seq_len
+        for epoch in range(self.start_epoch + 1, plan.epochs + 1):
+            x, y = _windows(
+                self.data.train_windows(plan.seq_len, epoch, count, plan.seed),
+                plan.seq_len,
+                spec.vocab_size,
+                "training windows",
+                count,
+            )
+            timer = _FirstStepTimer(keras)
+            t_fit = time.perf_counter()
+            hist = self.model.fit(
+                x, y, batch_size=plan.batch_size, epochs=1, shuffle=False, verbose=0, callbacks=[timer.callback]
+            )
+            train_s = time.perf_counter() - t_fit
+            compile_s = 0.0
+            if self.first_step_seconds is None:
+                self.first_step_seconds = train_s if timer.first_end is None else timer.first_end - t_fit
+                compile_s = compile_overhead(self.first_step_seconds, train_s, plan.steps_per_epoch)
+            step_s = max(0.0, train_s - compile_s)
+            train_loss = float(hist.history["loss"][-1])
+            if not math.isfinite(train_loss):
+                raise AiperfError(f"LM trial: the training loss is {train_loss} in epoch {epoch} (training diverged)")
+            t_eval = time.perf_counter()
+            val_loss, eval_s = self.evaluate()
+            self.window = (t_fit, t_eval + eval_s)
+            last_step = epoch * plan.steps_per_epoch - 1
+            yield EpochLM(
+                epoch=epoch,
+                train_loss=train_loss,
+                val_loss=val_loss,
+                bits_per_byte=val_loss * LOG2E / self.bytes_per_token,
+                tokens=tokens,
+                step_seconds=step_s,
+                compile_seconds=compile_s,
+                tokens_per_second=tokens / step_s if step_s > 0 else 0.0,
+                train_flops=self.train_flops_per_token * tokens,
+                eval_flops=self.eval_flops_per_token * self.eval_tokens,
+                eval_tokens=self.eval_tokens,
+                eval_seconds=eval_s,
+                steps=plan.steps_per_epoch,
+                learning_rate=warmup_cosine_rate(last_step, plan.learning_rate, plan.warmup_steps, plan.schedule_steps),
+            )
+
+
 def train_lm_trial(
     spec: TransformerSpec,
     hparams: Mapping[str, Any],
@@ -527,113 +686,37 @@ def train_lm_trial(
     :func:`nas.transformer_morph.apply_morph`) are the starting point; without them fresh
     ``init_weights(spec, seed)``. ``precision``: ``float32`` (None) or ``mixed_bfloat16``.
     ``jit_compile`` goes to Keras's ``compile`` (``auto``: XLA on accelerators, not on CPU).
+    Also evaluates the starting weights (``initial_val_loss``), which :class:`LMTraining` alone does not.
     """
     import keras
 
-    t0 = time.perf_counter()
-    plan = check_lm_trial(
+    if on_epoch is not None and not callable(on_epoch):
+        raise AiperfError(f"LM trial: on_epoch must be callable, got {excerpt(on_epoch)}")
+    trial = LMTraining(
         spec,
         hparams,
+        data,
+        weights=weights,
         epochs=epochs,
         steps_per_epoch=steps_per_epoch,
         eval_windows=eval_windows,
         precision=precision,
         seed=seed,
-    )
-    if on_epoch is not None and not callable(on_epoch):
-        raise AiperfError(f"LM trial: on_epoch must be callable, got {excerpt(on_epoch)}")
-    for method in ("train_windows", "val_windows"):
-        if not callable(getattr(data, method, None)):
-            raise AiperfError(f"LM trial: data has no {method}() method ({type(data).__name__})")
-    bytes_per_token = _bytes_per_token(data)
-    data_vocab = getattr(data, "vocab_size", None)
-    if isinstance(data_vocab, int) and not isinstance(data_vocab, bool) and data_vocab > spec.vocab_size:
-        raise AiperfError(
-            f"LM trial: the data's vocabulary ({data_vocab}) is larger than the model's ({spec.vocab_size})"
-        )
-    if weights is not None:
-        try:
-            check_weights(spec, weights)
-        except NasError as exc:
-            raise AiperfError(f"LM trial: {exc}") from None
-
-    x_val, y_val = _windows(
-        data.val_windows(plan.seq_len, plan.eval_windows), plan.seq_len, spec.vocab_size, "validation windows"
-    )
-    val_fingerprint = _fingerprint(x_val, y_val)
-    flops = transformer_flops(spec, plan.seq_len)
-    # Training counts one AdamW update per step spread over its tokens, as an image epoch counts one per batch.
-    train_per_token, eval_per_token = flops.train_per_token(plan.batch_size * plan.seq_len), flops.forward(1)
-    eval_tokens = int(y_val.size)
-
-    seed_trial(plan.seed % (2**31))
-    start = dict(weights) if weights is not None else init_weights(spec, plan.seed)
-    model = build_lm(spec, start, dtype_policy=None if plan.precision == "float32" else plan.precision)
-    model.compile(
-        optimizer=make_optimizer(plan),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         jit_compile=jit_compile,
     )
-    model.optimizer.build(model.trainable_variables)
-    startup_s = time.perf_counter() - t0
-    eval_batch = plan.batch_size
-    t_eval = time.perf_counter()
-    initial = _evaluate(model, x_val, y_val, eval_batch)
-    initial_eval_s = time.perf_counter() - t_eval
-
-    count = plan.steps_per_epoch * plan.batch_size
+    initial, initial_eval_s = trial.evaluate()
     records: list[EpochLM] = []
-    for epoch in range(1, plan.epochs + 1):
-        x, y = _windows(
-            data.train_windows(plan.seq_len, epoch, count, plan.seed),
-            plan.seq_len,
-            spec.vocab_size,
-            "training windows",
-            count,
-        )
-        timer = _FirstStepTimer(keras)
-        t_fit = time.perf_counter()
-        hist = model.fit(
-            x, y, batch_size=plan.batch_size, epochs=1, shuffle=False, verbose=0, callbacks=[timer.callback]
-        )
-        train_s = time.perf_counter() - t_fit
-        first_step_s = train_s if timer.first_end is None else timer.first_end - t_fit
-        compile_s = compile_overhead(first_step_s, train_s, plan.steps_per_epoch) if epoch == 1 else 0.0
-        step_s = max(0.0, train_s - compile_s)
-        train_loss = float(hist.history["loss"][-1])
-        if not math.isfinite(train_loss):
-            raise AiperfError(f"LM trial: the training loss is {train_loss} in epoch {epoch} (training diverged)")
-        t_eval = time.perf_counter()
-        val_loss = _evaluate(model, x_val, y_val, eval_batch)
-        eval_s = time.perf_counter() - t_eval
-        tokens = count * plan.seq_len
-        last_step = epoch * plan.steps_per_epoch - 1
-        record = EpochLM(
-            epoch=epoch,
-            train_loss=train_loss,
-            val_loss=val_loss,
-            bits_per_byte=val_loss * LOG2E / bytes_per_token,
-            tokens=tokens,
-            step_seconds=step_s,
-            compile_seconds=compile_s,
-            tokens_per_second=tokens / step_s if step_s > 0 else 0.0,
-            train_flops=train_per_token * tokens,
-            eval_flops=eval_per_token * eval_tokens,
-            eval_tokens=eval_tokens,
-            eval_seconds=eval_s,
-            steps=plan.steps_per_epoch,
-            learning_rate=warmup_cosine_rate(last_step, plan.learning_rate, plan.warmup_steps, plan.schedule_steps),
-        )
+    for record in trial.train():
         records.append(record)
         if on_epoch is not None:
             on_epoch(record)
-
+    plan = trial.plan
     return LMTrialResult(
         spec=spec,
         epochs=records,
-        weights=lm_weights_from_keras(model),
+        weights=trial.weights(),
         initial_val_loss=initial,
-        initial_bits_per_byte=initial * LOG2E / bytes_per_token,
+        initial_bits_per_byte=initial * LOG2E / trial.bytes_per_token,
         backend=keras.backend.backend(),
         precision=plan.precision,
         batch_size=plan.batch_size,
@@ -641,12 +724,12 @@ def train_lm_trial(
         steps_per_epoch=plan.steps_per_epoch,
         schedule_steps=plan.schedule_steps,
         warmup_steps=plan.warmup_steps,
-        eval_windows=int(x_val.shape[0]),
-        val_fingerprint=val_fingerprint,
-        train_flops_per_token=train_per_token,
-        eval_flops_per_token=eval_per_token,
-        initial_eval_flops=eval_per_token * eval_tokens,
-        startup_seconds=startup_s,
+        eval_windows=int(trial.x_val.shape[0]),
+        val_fingerprint=trial.val_fingerprint,
+        train_flops_per_token=trial.train_flops_per_token,
+        eval_flops_per_token=trial.eval_flops_per_token,
+        initial_eval_flops=trial.eval_flops_per_token * trial.eval_tokens,
+        startup_seconds=trial.startup_seconds,
         initial_eval_seconds=initial_eval_s,
         hparams=plan.hparams(),
     )

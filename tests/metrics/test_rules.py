@@ -249,13 +249,22 @@ def test_every_built_in_config_is_its_workload_under_the_workloads_rules(name):
     workload = WORKLOADS[name]
     assert cfg.rules.model_dump() == workload.rules
     train, evaluation = workload.split or (workload.total_images - 1000, 1000)
+    dataset = {"name": cfg.dataset.name, "train_images": train, "eval_images": evaluation}
+    if cfg.family == "language":
+        dataset = {"name": cfg.dataset.name, "train_tokens": 9_000_000, "eval_tokens": 480_000}
     start = RunStartRecord(
-        run_id="r",
-        config=cfg.to_dict(),
-        rules=cfg.rules.model_dump(),
-        dataset={"name": cfg.dataset.name, "train_images": train, "eval_images": evaluation},
+        run_id="r", config=cfg.to_dict(), rules=cfg.rules.model_dump(), dataset=dataset, family=cfg.family
     )
     assert (identify(start).workload, identify(start).reasons) == (name, ())
+
+
+def test_a_language_workload_needs_a_language_run_with_its_tokens_recorded():
+    cfg = load_config("llm")
+    header = {"run_id": "r", "config": cfg.to_dict(), "rules": cfg.rules.model_dump()}
+    images = RunStartRecord(**header, dataset={"name": "text", "train_tokens": 10, "eval_tokens": 1})
+    assert identify(images).reasons == ("a run of image models, not language models",)
+    untold = RunStartRecord(**header, family="language", dataset={"name": "text"})
+    assert identify(untold).reasons == ("dataset size not recorded",)
 
 
 def test_a_non_imagenet_workload_is_valid_but_never_official():
