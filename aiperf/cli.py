@@ -31,6 +31,7 @@ from nas.errors import NasError
 
 if TYPE_CHECKING:
     from nas.graph import Graph
+    from nas.transformer import TransformerSpec
 
 
 class _Parser(argparse.ArgumentParser):
@@ -272,12 +273,39 @@ def _cmd_system(args: argparse.Namespace) -> int:
 
 
 def _cmd_flops(args: argparse.Namespace) -> int:
-    from aiperf.metrics.flops_report import flops_report
+    from aiperf.metrics.flops_report import flops_report, transformer_flops_report
 
+    spec = _load_transformer(args.file)
+    if spec is not None:
+        text = transformer_flops_report(spec, Path(args.file).stem, as_json=args.json, batch_size=args.batch_size)
+        print(text, file=_stdout())
+        return 0
     graph = _load_graph(args.file)
     name = graph.name or Path(args.file).stem
     print(flops_report(graph, name, as_json=args.json, batch_size=args.batch_size), file=_stdout())
     return 0
+
+
+def _load_transformer(path: str) -> TransformerSpec | None:
+    """A language model's description (format ``aiperf-transformer``) at ``path``; None for any other file."""
+    import json
+
+    from aiperf.engine.search import read_spec_file
+    from nas.errors import NasError
+    from nas.transformer import FORMAT, TransformerSpec
+
+    if Path(path).suffix.lower() != ".json":
+        return None
+    try:
+        doc = json.loads(read_spec_file(Path(path), what=_shown(path)))
+    except (AiperfError, ValueError, RecursionError):
+        return None  # not one (or unreadable): the architecture loader says what is wrong with it
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        return None
+    try:
+        return TransformerSpec.from_dict(doc)
+    except NasError as exc:
+        raise AiperfError(f"{_shown(path)}: {exc}") from None
 
 
 def _load_graph(path: str) -> Graph:

@@ -240,7 +240,7 @@ def lm_seed_spec(cfg: Config, vocab_size: int) -> TransformerSpec:
             )
         else:
             try:
-                spec = TransformerSpec.from_dict(json.loads(_read_spec_file(Path(name))))
+                spec = TransformerSpec.from_dict(json.loads(read_spec_file(Path(name))))
             except (ValueError, RecursionError) as exc:
                 raise AiperfError(f"lm.seed_architecture: {name}: not valid JSON ({str(exc)[:120]})") from None
     except NasError as exc:
@@ -294,11 +294,14 @@ def make_lm_search(cfg: Config, seed: TransformerSpec) -> Proposer[LMTrialPropos
         raise AiperfError(f"lm: {exc}") from None
 
 
-def _read_spec_file(path: Path) -> str:
-    """An aiperf-transformer file's text: a regular file of at most MAX_SPEC_FILE_BYTES (a FIFO is refused unread)."""
+def read_spec_file(path: Path, what: str = "") -> str:
+    """An aiperf-transformer file's text: a regular file of at most MAX_SPEC_FILE_BYTES (a FIFO is refused unread).
+
+    ``what`` names the file in errors (default: ``lm.seed_architecture: PATH``).
+    """
     import stat
 
-    where = f"lm.seed_architecture: {path}"
+    where = what or f"lm.seed_architecture: {path}"
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     except OSError as exc:

@@ -387,9 +387,33 @@ def test_flops_command_on_a_saved_keras_model(tmp_path, capsys):
     assert f"{count_flops(graph).macs:,}" in _flops(capsys, str(path))
 
 
+def test_flops_command_on_a_language_model_counts_per_token(tmp_path, capsys):
+    import json
+
+    from nas.transformer import TransformerSpec
+    from nas.transformer_flops import transformer_flops
+
+    spec = TransformerSpec(vocab_size=256, seq_len=64, width=48, head_dim=16, heads=(3, 2), mlp_hidden=(96, 128))
+    path = tmp_path / "lm.json"
+    path.write_text(json.dumps(spec.to_dict()))
+    flops = transformer_flops(spec)
+    doc = json.loads(_flops(capsys, str(path), "--json", "--batch-size", "4"))
+    assert [b["forward"] for b in doc["blocks"]] == [b.forward() for b in flops.blocks]  # blocks of their own sizes
+    assert doc["forward_per_token"] == flops.forward(1) and doc["six_n_per_token"] == 6 * spec.params()
+    assert doc["train_per_token"] == flops.train_per_token(4 * 64)
+    text = _flops(capsys, str(path))
+    assert text.startswith("lm: 2 blocks, width 48") and f"{flops.update_per_step:,}" in text
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
-    [(None, "no such file"), ("{not json", "invalid JSON"), ('{"format": "other"}', "not an architecture file")],
+    [
+        (None, "no such file"),
+        ("{not json", "invalid JSON"),
+        ('{"format": "other"}', "not an architecture file"),
+        ('{"format": "aiperf-transformer", "version": 1}', "transformer: missing key"),
+        ('{"format": "aiperf-transformer", "version": 1, "vocab_size": 1e300}', "transformer: "),
+    ],
 )
 def test_flops_command_reports_bad_files_in_one_line(tmp_path, capsys, content, message):
     import re
