@@ -196,15 +196,16 @@ def make_plan(nodes: list[NodeInfo], cfg: Config) -> Plan:
     if cap is not None and len(slots) > cap:
         slots = _capped(slots, cap, nodes, auto_cpus=cfg.cluster.cpus_per_trial == "auto")
         extra.append(f"capped at {cap} concurrent trials (cluster.max_concurrent_trials)")
-    batch = cfg.train.batch_size
-    if batch == "auto":
-        batch = 256 if has_gpu else 64
+    asked = cfg.train.batch_size
+    batch = min(int(asked) if asked != "auto" else 256 if has_gpu else 64, cfg.train.max_batch_size)
+    if cfg.family == "language":  # a language trial's default batch: sequences of lm.seq_len tokens
+        batch = cfg.lm.batch_size
     threads = max(1, int(min((s.cpus for s in slots), default=1)))
     return Plan(
         placement=cfg.cluster.placement if has_gpu else "per_cpu_slot",
         actors=cfg.cluster.actors,
         slots=slots,
-        batch_size=min(int(batch), cfg.train.max_batch_size),
+        batch_size=batch,
         backend=cfg.model.backend,
         precision=cfg.model.precision,
         threads_per_trial=threads,

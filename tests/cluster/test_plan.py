@@ -47,6 +47,14 @@ def test_two_core_box_runs_two_trials_of_one_core():
     assert plan.notes == []
 
 
+def test_a_language_run_plans_its_default_batch_in_sequences_not_the_image_batch():
+    box, gpus = [node("box", 2)], [node("gpu", 32, 8)]
+    assert make_plan(box, load_config("llm")).batch_size == load_config("llm").lm.batch_size == 16
+    big = load_config("llm-official", ["lm.batch_size=1024", "lm.max_batch_tokens=1048576"])
+    assert make_plan(gpus, big).batch_size == 1024  # not cut to train.max_batch_size (images)
+    assert make_plan(gpus, load_config("smoke", ["train.batch_size=auto"])).batch_size == 256
+
+
 def test_one_core_box_oversubscribes_to_keep_two_trials_in_flight():
     plan = plan_for([node("tiny", 1)])
     assert plan.concurrency == 2
