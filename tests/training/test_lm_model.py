@@ -266,10 +266,57 @@ def run_checks(chains: int = 2, seed: int = 0) -> dict:
     report["train_losses"] = losses
     if not (all(np.isfinite(losses)) and losses[-1] < 0.5 * losses[0]):
         report["failures"].append(f"Adam on a repeated sequence did not halve the loss: {losses}")
+    report["failures"] += trial_failures(seed)
     return report
 
 
+class _Cycle:
+    """Data for a trial: windows of one repeated 24-token cycle (next tokens learnable from context)."""
+
+    vocab_size = 16
+
+    def _windows(self, seq_len: int, count: int, offset: int) -> tuple[np.ndarray, np.ndarray]:
+        start = (np.arange(count)[:, None] * 5 + offset + np.arange(seq_len + 1)[None, :]) % 24
+        tokens = (start * 7) % 16
+        return tokens[:, :-1], tokens[:, 1:]
+
+    def train_windows(self, seq_len: int, epoch: int, count: int | None = None, seed: int | None = None):
+        return self._windows(seq_len, count or 8, epoch)
+
+    def val_windows(self, seq_len: int, max_windows: int | None = None):
+        return self._windows(seq_len, max_windows or 4, 11)
+
+
+def trial_failures(seed: int) -> list[str]:
+    """A language trial trained on this backend as the workers train it, and resumed at its second epoch.
+
+    The resumed attempt continues the schedule where the first stopped (the optimizer's step
+    counter is set on every backend) and learns; what a worker's re-queue relies on.
+    """
+    from aiperf.training.lm_trainer import LMTraining
+
+    hp = {"learning_rate": 0.01, "warmup_fraction": 0.0, "weight_decay": 0.0, "batch_size": 4, "seq_len": 16}
+    hp["epochs"] = 2
+    common = {"steps_per_epoch": 4, "eval_windows": 4, "seed": seed, "jit_compile": False}
+    first = LMTraining(tiny_spec(), hp, _Cycle(), epochs=1, **common)
+    initial, _ = first.evaluate()
+    [one] = list(first.train())
+    resumed = LMTraining(tiny_spec(), hp, _Cycle(), weights=first.weights(), start_epoch=1, **common)
+    at_start = resumed.updates
+    [two] = list(resumed.train())
+    failures = []
+    if (at_start, resumed.updates) != (4, 8):
+        failures.append(f"a resumed trial's optimizer steps went {at_start} -> {resumed.updates}, not 4 -> 8")
+    if not (np.isfinite(two.val_loss) and two.val_loss < one.val_loss < initial):
+        failures.append(f"a trial did not learn: validation loss {initial} -> {one.val_loss} -> {two.val_loss}")
+    return failures
+
+
 # --- in-process (this process's backend) -----------------------------------------------------------------
+
+
+def test_a_trial_trains_and_resumes_where_it_stopped():
+    assert trial_failures(0) == []
 
 
 def test_fused_attention_is_available_in_the_installed_keras():
