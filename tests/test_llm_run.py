@@ -1,7 +1,8 @@
 """The language-model workload end to end through `aiperf run`: trains, counts, scores, verifies, resumes.
 
-One small run of the ``llm`` config (a smaller seed and corpus, so it takes about a minute on
-two cores) is shared by the tests; they must not modify its files.
+One small run of the ``llm`` config (a smaller seed and corpus, about 25 s on two cores) is
+shared by most tests; they must not modify its files. ``llm-official`` runs on token shards
+converted by the documented command.
 """
 
 from __future__ import annotations
@@ -130,4 +131,49 @@ def test_a_language_run_whose_master_died_resumes(llm_run, tmp_path):
     after = records[[r["type"] for r in records].index("resume") :]
     assert any(r["type"] == "epoch" for r in after), "the resumed session trained nothing"
     verified = run_cli("verify", str(copy))
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+def test_the_official_workload_trains_from_token_shards_every_worker_opens(tmp_path):
+    """llm-official's path: text converted to shards by the documented command, read by each worker from its path."""
+    import sysconfig
+
+    src = tmp_path / "text"
+    src.mkdir()
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[:60]:  # any folder of text files
+        (src / path.name).write_bytes(path.read_bytes()[:20_000])
+    shards = tmp_path / "shards"
+    convert = subprocess.run(
+        [*aiperf_cmd()[:2], "aiperf.datasets.token_shards", "convert", str(src), str(shards), "--val-fraction", "0.1"],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=120,
+        cwd=REPO,
+    )
+    assert convert.returncode == 0, convert.stderr
+    results = tmp_path / "results"
+    settings = [
+        f"run.results_dir={results}",
+        f"dataset.path={shards}",
+        *(s for s in SMALL if not s.startswith(("lm.max_bytes", "run.max_trials"))),
+        "run.max_trials=2",
+        "lm.hpo_seq_lens=[64]",
+    ]
+    proc = subprocess.run(
+        aiperf_cmd("run", "--config", "llm-official", *[a for s in settings for a in ("--set", s)]),
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=600,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    [run_dir] = [p for p in results.iterdir() if p.is_dir()]
+    records = read_raw_ledger(run_dir)
+    dataset = records[0]["dataset"]
+    assert (dataset["name"], dataset["source"], dataset["streaming"]) == ("token_shards", str(shards), True)
+    epochs = [r for r in records if r["type"] == "epoch"]
+    assert epochs and all(e["input"] == "stream" for e in epochs)
+    verified = run_cli("verify", str(run_dir))
     assert verified.returncode == 0, verified.stdout + verified.stderr

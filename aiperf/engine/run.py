@@ -173,14 +173,14 @@ def _run(
     dataset, seed_graph = _data_and_seed(cfg, out)
     if previous and dataset.fingerprint() != run_start(previous).dataset.fingerprint:
         raise AiperfError(f"{run_dir}: the dataset on this machine differs from the one the run started with")
+    proposer: Proposer[Any] | None = None
+    if isinstance(seed_graph, TransformerSpec):  # needs no plan: a bad lm section fails before Ray starts
+        proposer = make_lm_search(cfg, seed_graph)
     session = start_ray(address or cfg.cluster.address)
     try:
         nodes, plan = _size(cfg, dataset, out)
-        proposer: Proposer[Any]
-        if isinstance(seed_graph, TransformerSpec):
-            proposer = make_lm_search(cfg, seed_graph)
-        else:
-            assert isinstance(dataset, Dataset)
+        if proposer is None:
+            assert isinstance(dataset, Dataset) and not isinstance(seed_graph, TransformerSpec)
             proposer = make_search(cfg, seed_graph, plan.batch_size, dataset, workers=plan.concurrency)
         if previous:
             assert run_dir is not None
