@@ -114,6 +114,7 @@ SORT_VALUES: dict[str, Callable[[Row], float | None]] = {
     "nodes": lambda r: r.nodes,
     "OPS": lambda r: r.value("ops"),
     "regulated OPS": lambda r: r.value("regulated"),
+    "tokens/s": lambda r: r.tokens_per_s,
     "Rpeak": lambda r: r.rpeak,
     "OPS/Rpeak": lambda r: r.ops_over_rpeak,
     "OPS/ceiling": lambda r: r.ops_over_ceiling,
@@ -158,8 +159,9 @@ def render_list_page(rows: Sequence[Row], by: str, sources: Sequence[str] = ()) 
         f"{ranked} ranked by {_e(RANK_LABELS[by])} (descending, per workload) &middot; {rejected} rejected"
         f" &middot; workloads: {_e(', '.join(plain(w) for w in workloads))}</div>"
         "<p>Only packages <code>aiperf check</code> accepted are ranked; rows whose figure is unknown follow"
-        " them, and rejected packages are listed last with their first finding. OPS and regulated OPS are"
-        " the median of each entry's runs (runs: count and coefficient of variation of OPS); OPS per watt"
+        " them, and rejected packages are listed last with their first finding. OPS, regulated OPS and"
+        " tokens/s (a language workload's training tokens per second) are the median of each entry's runs"
+        " (runs: count and coefficient of variation of OPS); OPS per watt"
         " covers only what was metered, at the methodology level shown. Click a column's header to sort.</p>"
         + _table(rows)
         + '<h2>Plots</h2><div class="grid">'

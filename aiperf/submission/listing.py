@@ -24,7 +24,7 @@ from typing import Any
 from aiperf.errors import AiperfError, excerpt, first_line, os_error
 from aiperf.metrics.score import format_ops
 from aiperf.record.files import write_atomic
-from aiperf.record.summary import MAX_SUMMARY_BYTES, SUMMARY_NAME
+from aiperf.record.summary import MAX_SUMMARY_BYTES, SUMMARY_NAME, format_rate
 from aiperf.submission.layout import (
     MAX_DESCRIPTION_BYTES,
     PACKAGE_JSON,
@@ -200,6 +200,10 @@ def _official(row: Row) -> str:
     return "-" if row.official is None else ("yes" if row.official else "no")
 
 
+def _tokens(row: Row) -> str:
+    return format_rate(row.tokens_per_s, "tokens/s") if row.tokens_per_s is not None else "-"
+
+
 def _duration(row: Row) -> str:
     return f"{row.duration_s:,.0f} s" if row.duration_s is not None else "-"
 
@@ -217,6 +221,7 @@ COLUMNS: list[tuple[str, Callable[[Row], str]]] = [
     ("precision", lambda r: r.precision or "-"),
     ("OPS", lambda r: _ops(r.value("ops"))),
     ("regulated OPS", lambda r: _ops(r.value("regulated"))),
+    ("tokens/s", _tokens),
     ("Rpeak", lambda r: _ops(r.rpeak, "FLOP/s")),
     ("OPS/Rpeak", lambda r: percent(r.ops_over_rpeak)),
     ("OPS/ceiling", lambda r: percent(r.ops_over_ceiling)),
@@ -272,7 +277,7 @@ def _csv_safe(value: object) -> object:
 
 CSV_FIELDS = (
     "rank", "workload", "system", "submitter", "site", "nodes", "accelerators", "backend", "precision",
-    "ops_per_s", "ops_olympic_mean", "ops_min", "ops_max", "ops_cv", "regulated", "regulated_cv",
+    "ops_per_s", "ops_olympic_mean", "ops_min", "ops_max", "ops_cv", "regulated", "regulated_cv", "tokens_per_s",
     "rpeak_flops", "ops_over_rpeak", "ops_over_ceiling", "ops_per_watt", "energy_level",
     "runs", "duration_s", "official", "verdict", "note", "package",
 )  # fmt: skip
@@ -287,6 +292,7 @@ def csv_records(rows: Sequence[Row]) -> list[dict[str, Any]]:
             r.rank, r.workload, r.system, r.submitter, r.site, r.nodes, r.accelerators, r.backend, r.precision,
             ops.median if ops else None, ops.olympic_mean if ops else None, ops.min if ops else None,
             ops.max if ops else None, ops.cv if ops else None, reg.median if reg else None, reg.cv if reg else None,
+            r.tokens_per_s,
             r.rpeak, r.ops_over_rpeak, r.ops_over_ceiling, r.ops_per_watt, r.energy_level,
             r.runs, r.duration_s, r.official, "accepted" if r.accepted else "rejected", r.note, r.package,
         )  # fmt: skip

@@ -56,6 +56,7 @@ class Row:
     precision: str | None = None
     ops: Spread | None = None
     regulated: Spread | None = None
+    tokens_per_s: float | None = None  # median training tokens per second (language runs only)
     rpeak: float | None = None
     ops_over_rpeak: float | None = None
     ops_over_ceiling: float | None = None
@@ -220,6 +221,7 @@ def combine_runs(
         precision=_one_of(_precisions(s) for s in summaries),
         ops=_spread_of(_number(s.get("ops_per_s")) for s in scores),
         regulated=_spread_of(_number(s.get("regulated")) for s in scores),
+        tokens_per_s=_median_all([_number(_section(s, "language").get("tokens_per_s")) for s in summaries]),
         rpeak=_median_all(rpeaks),
         ops_over_rpeak=_median_all([_number(e.get("ops_over_rpeak")) for e in efficiency]),
         ops_over_ceiling=_median_all([_number(e.get("ops_over_ceiling")) for e in efficiency]),

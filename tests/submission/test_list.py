@@ -160,6 +160,42 @@ def test_a_summary_of_the_wrong_shape_is_unknown_figures_not_an_exception():
         assert "-" in format_table(rank_rows([r]), "ops")
 
 
+def language_summary(tokens_per_s: object, ops: float = 1e12) -> dict:
+    """A language run's summary: an image run's parts, ``family`` and its ``language`` section (docs/llm.md)."""
+    language = {"tokens": 1_000_000, "eval_tokens": 10_000, "tokens_per_s": tokens_per_s, "best_bits_per_byte": 2.5}
+    return {**summary(ops), "family": "language", "language": language}
+
+
+def _column(table: str, header: str, rows: int) -> list[str]:
+    """The cells of one column of the plain table (its columns are padded to the width of the widest cell)."""
+    lines = table.splitlines()
+    start = lines[0].index(header)
+    return [line[start:].split("  ")[0].strip() for line in lines[1 : 1 + rows]]
+
+
+def test_language_entries_show_their_median_tokens_per_second_image_entries_a_dash():
+    runs = [language_summary(1000.0), language_summary(3000.0), language_summary(2000.0)]
+    lm = combine_runs("pkg-lm", "lm", "llm", runs, describe("lm"), True)
+    image = row("img", 1e12)
+    assert lm.tokens_per_s == 2000.0 and image.tokens_per_s is None
+    unknown = combine_runs("p", "s", "llm", [language_summary(1000.0), language_summary("fast")], {}, True)
+    assert unknown.tokens_per_s is None  # a median of the readable runs would flatter
+    rows = rank_rows([lm, image])
+    assert _column(format_table(rows, "ops"), "tokens/s", 2) == ["2 k tokens/s", "-"]
+    md = format_markdown(rows, "ops").splitlines()
+    column = [c.strip() for c in md[2].split("|")].index("tokens/s")
+    assert [[c.strip() for c in line.split("|")][column] for line in md[4:6]] == ["2 k tokens/s", "-"]
+    frame = pd.read_csv(io.StringIO(format_csv(rows)))
+    assert list(frame["workload"]) == ["llm", "smoke"] and frame["tokens_per_s"][0] == 2000.0
+    assert pd.isna(frame["tokens_per_s"][1])
+    page = render_list_page(rows, "ops")
+    heads = re.findall(r'<th data-key="([^"]*)"', page)
+    cells = [re.findall(r"<td[^>]*>[^<]*</td>", tr) for tr in re.findall(r'<tr class="[a-z]+">(.*?)</tr>', page)]
+    column = heads.index("tokens/s")
+    assert [c[column] for c in cells] == [
+        '<td class="num" data-value="2000.0">2 k tokens/s</td>', '<td class="num" data-value="">-</td>']  # fmt: skip
+
+
 # --- ranking -----------------------------------------------------------------------------------
 
 
@@ -371,7 +407,7 @@ def test_hostile_strings_are_escaped_in_every_output():
     assert "\x1b" not in table and "\u202e" not in table
     md = format_markdown(rows, "ops")
     assert "<script>" not in md and "<img" not in md and "[x](" not in md and "\x1b" not in md
-    assert all(len(re.findall(r"(?<!\\)\|", line)) == 20 for line in md.splitlines()[2:8])  # 19 cells a row
+    assert all(len(re.findall(r"(?<!\\)\|", line)) == 21 for line in md.splitlines()[2:8])  # 20 cells a row
     frame = pd.read_csv(io.StringIO(format_csv(rows)))
     assert frame["site"][0].startswith("'=HYPERLINK") and frame["submitter"][0].startswith('"><img')
 
