@@ -89,6 +89,11 @@ def load_language_data(cfg: Config) -> LanguageData:
     from aiperf.datasets.text_corpus import load_text_corpus
 
     d = cfg.dataset
+    if cfg.cluster.placement == "per_node":
+        raise AiperfError(
+            "cluster.placement: per_node trains each trial data-parallel over a node's GPUs, which the language-model"
+            " trainer does not do yet; use per_accelerator (one trial per GPU) or fractional"
+        )
     for key in ("image_size", "max_train_images"):
         if getattr(d, key) is not None:
             raise AiperfError(f"dataset.{key}: {d.name} holds text, not images; remove it")
