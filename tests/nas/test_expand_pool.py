@@ -38,8 +38,9 @@ def inline_children():
     return _children(None, 1500)
 
 
-def test_children_from_two_processes_are_those_expanded_here_in_the_same_order(inline_children):
-    pool = ExpandPool(2, LIMITS)
+@pytest.mark.parametrize("processes", [1, 2])  # with one, the master expands beside it while it waits
+def test_children_from_processes_are_those_expanded_here_in_the_same_order(inline_children, processes):
+    pool = ExpandPool(processes, LIMITS)
     try:
         assert _children(pool, 1500) == inline_children
     finally:
@@ -103,14 +104,6 @@ def test_a_master_waiting_for_busy_processes_expands_the_waiting_nodes_itself(in
     assert _children(expander, 1500) == inline_children
     # Every node it waited on was taken back (cancelled) and expanded here, none was left behind.
     assert len(expander.started) > 30 and all(f.cancelled() for f in expander.started[: -expander.lookahead])
-
-
-def test_one_process_and_the_master_expanding_together_give_the_same_children(inline_children):
-    pool = ExpandPool(1, LIMITS)
-    try:
-        assert _children(pool, 1500) == inline_children
-    finally:
-        pool.close()
 
 
 @pytest.mark.parametrize("processes", [0, -1, 257, True, 2.0])
