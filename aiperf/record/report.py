@@ -374,37 +374,51 @@ def _language(results: RunResults) -> bool:
     return results.header.family == "language"
 
 
-def _top_language_models(trials: pd.DataFrame) -> str:
-    """A language run's best trials: FLOPs per token at their sequence length, and bits per byte."""
+# The top-trials table: (header, column of RunResults.trials, number format); None formats text.
+# One list per family, the columns both share first and last.
+_TRIAL_COLUMNS = [("trial", "trial", None), ("kind", "kind", None), ("architecture", "arch_id", None)]
+_ARCH_COLUMNS = [("generation", "depth", "{}"), ("params", "params", "{:,}")]
+_END_COLUMNS = [("status", "status", None), ("morphisms", "lineage", None)]
+_IMAGE_COLUMNS = [
+    *_TRIAL_COLUMNS,
+    *_ARCH_COLUMNS,
+    ("train FLOPs/image", "flops_train_per_image", "{:,.0f}"),
+    ("eval FLOPs/image", "flops_eval_per_image", "{:,.0f}"),
+    ("batch", "batch_size", "{}"),
+    ("learning rate", "learning_rate", "{:.3g}"),
+    ("epochs", "epochs", "{}"),
+    ("best accuracy", "best_val_acc", "{:.4f}"),
+    *_END_COLUMNS,
+]
+_LANGUAGE_COLUMNS = [
+    *_TRIAL_COLUMNS,
+    *_ARCH_COLUMNS,
+    ("train FLOPs/token", "flops_train_per_token", "{:,.0f}"),
+    ("eval FLOPs/token", "flops_eval_per_token", "{:,.0f}"),
+    ("batch (sequences)", "batch_size", "{}"),
+    ("sequence length", "seq_len", "{}"),
+    ("learning rate", "learning_rate", "{:.3g}"),
+    ("epochs", "epochs", "{}"),
+    ("best bits/byte", "best_bits_per_byte", "{:.4f}"),
+    ("quality", "best_val_acc", "{:.4f}"),
+    *_END_COLUMNS,
+]
+
+
+def _trials_table(trials: pd.DataFrame, columns: list[tuple[str, str, str | None]]) -> str:
+    """The best trials, ranked, one row each: numbers right-aligned and sortable, the architecture as code."""
     rows = []
-    for rank, r in enumerate(trials.head(TOP_ARCHITECTURES).itertuples(), start=1):
-        rows.append(
-            f"<tr>{_num(rank, '{}')}<td>{_e(r.trial)}</td><td>{_e(r.kind)}</td><td><code>{_e(r.arch_id)}</code></td>"
-            f"{_num(r.depth, '{}')}{_num(r.params)}"
-            f"{_num(r.flops_train_per_token, '{:,.0f}')}{_num(r.flops_eval_per_token, '{:,.0f}')}"
-            f"{_num(r.batch_size, '{}')}{_num(r.seq_len, '{}')}{_num(r.learning_rate, '{:.3g}')}{_num(r.epochs, '{}')}"
-            f"{_num(r.best_bits_per_byte, '{:.4f}')}{_num(r.best_val_acc, '{:.4f}')}"
-            f"<td>{_e(r.status)}</td><td>{_e(r.lineage)}</td></tr>"
-        )
-    headers = [
-        "#",
-        "trial",
-        "kind",
-        "architecture",
-        "generation",
-        "params",
-        "train FLOPs/token",
-        "eval FLOPs/token",
-        "batch (sequences)",
-        "sequence length",
-        "learning rate",
-        "epochs",
-        "best bits/byte",
-        "quality",
-        "status",
-        "morphisms",
-    ]
-    return _table(headers, rows, sortable=True)
+    for rank, r in enumerate(trials.head(TOP_ARCHITECTURES).to_dict("records"), start=1):
+        cells = [_num(rank, "{}")]
+        for _, name, fmt in columns:
+            if fmt is not None:
+                cells.append(_num(r[name], fmt))
+            elif name == "arch_id":
+                cells.append(f"<td><code>{_e(r[name])}</code></td>")
+            else:
+                cells.append(f"<td>{_e(r[name])}</td>")
+        rows.append(f"<tr>{''.join(cells)}</tr>")
+    return _table(["#", *(header for header, _, _ in columns)], rows, sortable=True)
 
 
 def _top_architectures(results: RunResults) -> str:
@@ -415,34 +429,9 @@ def _top_architectures(results: RunResults) -> str:
     total = max(results.trials_total, len(results.trials))
     if _language(results):
         note = f'<p class="sub">The {shown} best of {total} trials (lowest bits per byte); click a column to sort.</p>'
-        return note + _top_language_models(trials)
-    rows = []
-    for rank, r in enumerate(trials.head(TOP_ARCHITECTURES).itertuples(), start=1):
-        rows.append(
-            f"<tr>{_num(rank, '{}')}<td>{_e(r.trial)}</td><td>{_e(r.kind)}</td><td><code>{_e(r.arch_id)}</code></td>"
-            f"{_num(r.depth, '{}')}{_num(r.params)}"
-            f"{_num(r.flops_train_per_image, '{:,.0f}')}{_num(r.flops_eval_per_image, '{:,.0f}')}"
-            f"{_num(r.batch_size, '{}')}{_num(r.learning_rate, '{:.3g}')}{_num(r.epochs, '{}')}"
-            f"{_num(r.best_val_acc, '{:.4f}')}<td>{_e(r.status)}</td><td>{_e(r.lineage)}</td></tr>"
-        )
-    headers = [
-        "#",
-        "trial",
-        "kind",
-        "architecture",
-        "generation",
-        "params",
-        "train FLOPs/image",
-        "eval FLOPs/image",
-        "batch",
-        "learning rate",
-        "epochs",
-        "best accuracy",
-        "status",
-        "morphisms",
-    ]
+        return note + _trials_table(trials, _LANGUAGE_COLUMNS)
     note = f'<p class="sub">The {shown} most accurate of {total} trials; click a column to sort.</p>'
-    return note + _table(headers, rows, sortable=True)
+    return note + _trials_table(trials, _IMAGE_COLUMNS)
 
 
 def _input_section(summary: dict[str, Any]) -> str:
