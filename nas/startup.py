@@ -100,13 +100,7 @@ def expand(graph: Graph, kernel: int, seed: int, limits: Limits | None) -> list[
 
 
 class Expansion(Protocol):
-    """A node's expansion under way (a :class:`concurrent.futures.Future` from a process pool)."""
-
     def result(self) -> list[Expanded]: ...
-
-    def done(self) -> bool: ...
-
-    def cancel(self) -> bool: ...
 
 
 class Expander(Protocol):
@@ -124,28 +118,6 @@ class _Later:
     def result(self) -> list[Expanded]:
         graph, kernel, seed, _ = self._args
         return expand(graph, kernel, seed, None)
-
-    def done(self) -> bool:
-        return True  # nothing to wait for: result() expands here
-
-    def cancel(self) -> bool:
-        return False
-
-
-class _Expanded:
-    """A node this process expanded itself while it waited for another process."""
-
-    def __init__(self, children: list[Expanded]) -> None:
-        self._children = children
-
-    def result(self) -> list[Expanded]:
-        return self._children
-
-    def done(self) -> bool:
-        return True
-
-    def cancel(self) -> bool:
-        return False
 
 
 class InlineExpander:
@@ -201,27 +173,6 @@ class StartupChildren:
         self._queue = deque((graph, path, None) for graph, path, _ in self._queue)
         self._started = 0
 
-    def _children_of(self, graph: Graph, expansion: Expansion) -> list[Expanded]:
-        """The children of the node at the head, expanding here what no process has begun while they are awaited.
-
-        The master is a core too: with one expansion process on a 2-core head node it would
-        otherwise wait for that process, and the fill would go no faster than inline. The head
-        node itself is taken back first, then the queued nodes the newest first. A node expanded
-        here is expanded as a process would have (its own generator), so the children and their
-        order do not change.
-        """
-        while not expansion.done():
-            if expansion.cancel():  # no process has begun it: expand it here
-                return expand(graph, self._kernel, self._seed, None)
-            for index in range(self._started - 1, -1, -1):
-                queued, path, other = self._queue[index]
-                if other is not None and other.cancel():
-                    self._queue[index] = (queued, path, _Expanded(expand(queued, self._kernel, self._seed, None)))
-                    break
-            else:
-                break  # every node ahead is being expanded: wait for the head
-        return expansion.result()
-
     def next(self, taken: Taken) -> tuple[Graph, tuple[Morph, ...]] | None:
         """The next child not ``taken`` and within ``accept``, with the morphs from the seed; None when none is left."""
         while True:
@@ -235,7 +186,7 @@ class StartupChildren:
                     self._started -= 1
                 self._start_ahead()
                 try:
-                    children = self._children_of(graph, expansion)
+                    children = expansion.result()
                 except Exception as exc:  # a broken pool (a process killed) must not end the run
                     why = f"{type(exc).__name__}: {str(exc)[:200]}"
                     logger.warning(f"start-up expansion processes failed ({why}); expanding here instead")

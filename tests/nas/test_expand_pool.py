@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from concurrent.futures import Future
 
 import pytest
 from layer_flops import conv_dense_train_flops
@@ -38,7 +37,7 @@ def inline_children():
     return _children(None, 1500)
 
 
-@pytest.mark.parametrize("processes", [1, 2])  # with one, the master expands beside it while it waits
+@pytest.mark.parametrize("processes", [1, 2])
 def test_children_from_processes_are_those_expanded_here_in_the_same_order(inline_children, processes):
     pool = ExpandPool(processes, LIMITS)
     try:
@@ -78,32 +77,6 @@ def test_closing_the_pool_mid_start_up_keeps_the_walk(inline_children):
     assert _children(search_pool, 1500, before=close_at_400) == inline_children
     with pytest.raises(RuntimeError, match="closed"):
         search_pool.start(SEED, 3, 4, LIMITS)
-
-
-class _NeverBegun(Future):
-    def result(self, timeout=None):
-        assert self.done(), "the master waited for a node no process would ever expand"
-        return super().result(timeout)
-
-
-class _NoProcessBegins:
-    """An expander whose processes never begin anything: every node waits to be taken back."""
-
-    lookahead = 6
-
-    def __init__(self) -> None:
-        self.started: list[Future] = []
-
-    def start(self, graph, kernel, seed, limits) -> Future:
-        self.started.append(_NeverBegun())
-        return self.started[-1]
-
-
-def test_a_master_waiting_for_busy_processes_expands_the_waiting_nodes_itself(inline_children):
-    expander = _NoProcessBegins()
-    assert _children(expander, 1500) == inline_children
-    # Every node it waited on was taken back (cancelled) and expanded here, none was left behind.
-    assert len(expander.started) > 30 and all(f.cancelled() for f in expander.started[: -expander.lookahead])
 
 
 @pytest.mark.parametrize("processes", [0, -1, 257, True, 2.0])
