@@ -117,8 +117,13 @@ class RunStatus(enum.StrEnum):
     FAILED = "failed"  # the run could not train (docs/cluster.md, Faults)
 
 
+_PLAIN = frozenset((str, int, bool, type(None)))  # leaves JSON holds as they are: most of a graph's fields
+
+
 def json_safe(value: Any) -> Any:
     """A value as JSON can hold it: NaN/inf become None, tuples lists, NumPy scalars Python numbers."""
+    if type(value) in _PLAIN:  # first: a trial's graph is thousands of these, checked on every record
+        return value
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+
+import numpy as np
 import pytest
 
 import aiperf.record.ledger as ledger_module
@@ -22,6 +25,7 @@ from aiperf.record.schema import (
     TrialEndRecord,
     TrialStartRecord,
     TrialStatus,
+    json_safe,
     record_problem,
 )
 from nas import zoo
@@ -124,3 +128,27 @@ def test_messages_say_their_event_kind_and_refuse_unknown_fields():
     assert [m.kind for m in messages] == [EventKind.START, EventKind.EPOCH, EventKind.BAD_IMAGES, EventKind.DONE]
     with pytest.raises(TypeError, match="val_acc_top5"):
         EpochReport(**epoch, val_acc_top5=0.9)  # a field the trainer added without the message knowing it
+
+
+def test_what_a_writer_hands_over_is_stored_as_json_holds_it():
+    """NumPy scalars, NaN and tuples are converted at any depth; plain leaves and enums pass unchanged."""
+    value = {
+        "loss": float("nan"),
+        "acc": np.float32(0.5),
+        "epochs": np.int64(3),
+        "nested": [{"shape": (1, 2), "flag": True, "none": None, "inf": float("-inf")}],
+        "status": TrialStatus.COMPLETED,
+        7: "key made a string",
+    }
+    safe = json_safe(value)
+    assert safe == {
+        "loss": None,
+        "acc": 0.5,
+        "epochs": 3,
+        "nested": [{"shape": [1, 2], "flag": True, "none": None, "inf": None}],
+        "status": "completed",
+        "7": "key made a string",
+    }
+    assert type(safe["acc"]) is float and type(safe["epochs"]) is int and safe["nested"][0]["flag"] is True
+    assert safe["status"] is TrialStatus.COMPLETED
+    json.dumps(safe, allow_nan=False)  # raises on anything JSON cannot hold
