@@ -6,9 +6,11 @@ import itertools
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from aiperf.errors import AiperfError
-from aiperf.record.ledger import LedgerWriter, read_raw_ledger, record_hash
+from aiperf.record.ledger import LedgerWriter, canonical, hashed_line, read_raw_ledger, record_hash
 from aiperf.record.schema import Record
 
 
@@ -162,3 +164,23 @@ def test_a_batch_ended_by_an_error_still_syncs(tmp_path, monkeypatch):
     assert len(calls) == 1
     led.close()
     assert len(calls) == 1  # nothing left to sync at close
+
+
+_JSON_LEAVES = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text()
+_JSON = st.recursive(_JSON_LEAVES, lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner), max_leaves=20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.text().filter(lambda k: k != "hash"), _JSON, max_size=12))
+def test_the_written_line_is_the_canonical_encoding_of_the_record_with_its_hash(body):
+    """Encoding each field once gives the same bytes and hash as encoding the record whole (unicode keys, nesting)."""
+    digest, line = hashed_line(body)
+    assert digest == record_hash(body)
+    assert line == canonical({**body, "hash": digest})
+
+
+def test_a_body_with_a_hash_or_a_non_string_key_is_refused():
+    with pytest.raises(ValueError):
+        hashed_line({"hash": "x"})
+    with pytest.raises(ValueError):
+        hashed_line({1: "x"})
