@@ -58,7 +58,7 @@ from typing import Any
 
 import numpy as np
 
-from aiperf.cluster.sim_pool import HybridClock, SimulatedWorkerPool, default_accuracy
+from aiperf.cluster.sim_pool import HybridClock, SimulatedWorkerPool, default_accuracy, learning_curve
 from aiperf.config import load_config
 from aiperf.engine.assembly import open_session, run_start_record
 from aiperf.engine.search import make_search
@@ -72,7 +72,7 @@ from nas.proposer import Proposer, TrialProposal
 WORKERS_PER_NODE = 8  # eight accelerators per node, one trial each
 
 
-def bump_accuracy(seed: int) -> Callable[[TrialSpec, int], float]:
+def bump_accuracy(seed: int) -> Callable[[TrialSpec], tuple[float, ...]]:
     """A search objective with an optimum to find: accuracy peaks around one architecture's features.
 
     The default simulated accuracy rises with depth alone, so any search that grows deep nets
@@ -91,13 +91,13 @@ def bump_accuracy(seed: int) -> Callable[[TrialSpec, int], float]:
     scale = 1.5 * rng.uniform(0.5, 1.5, size=len(target)) * np.array([3.0, 1.0, 1.5, 1.5, 1.0, 0.5])
     finals: dict[str, float] = {}
 
-    def accuracy(spec: TrialSpec, epoch: int) -> float:
+    def accuracy(spec: TrialSpec) -> tuple[float, ...]:
         key = json.dumps(spec.graph["nodes"], sort_keys=True)
         final = finals.get(key)
         if final is None:
             z = (_features(spec.architecture()) - target) / scale
             final = finals[key] = float(0.5 + 0.45 * np.exp(-0.5 * z @ z))
-        return final * (1.0 - 0.5 ** (epoch + spec.start_epoch))
+        return learning_curve(final, spec)
 
     return accuracy
 
