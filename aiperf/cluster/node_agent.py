@@ -41,6 +41,7 @@ logger = logging.getLogger(__name__)
 SLOT_START_S = 600.0  # the most a slot's process may take to start (framework import, device, ceiling)
 PARENT_CHECK_S = 1.0  # how often a slot's process checks that its agent still exists
 SLOT_STOP_S = 5.0  # how long a stopped slot's process gets to exit before it is killed
+SLOT_REAP_S = 1.0  # how long a slot's process whose pipe closed gets to be reaped before its exit code is read
 
 
 class SlotLost(Exception):
@@ -125,8 +126,24 @@ class _SlotProcess:
                 raise SlotLost(f"worker {self.worker_id}'s process did not answer within {timeout:g} s")
             return self.conn.recv()
         except (EOFError, OSError):
-            code = self.process.exitcode
-            raise SlotLost(f"worker {self.worker_id}'s process died (exit code {code})") from None
+            raise self.lost() from None
+
+    def send(self, message: tuple) -> None:
+        """Send the process a request; :class:`SlotLost` when it is gone (it died while it had nothing to do)."""
+        try:
+            self.conn.send(message)
+        except OSError:
+            raise self.lost() from None
+
+    def lost(self) -> SlotLost:
+        """Why the process can no longer be reached: the same words however the agent found out.
+
+        Its pipe closes as it dies, a moment before it can be reaped, so its exit code is waited for briefly.
+        """
+        self.process.join(SLOT_REAP_S)
+        if self.process.is_alive():
+            return SlotLost(f"worker {self.worker_id}'s process closed its pipe and did not exit")
+        return SlotLost(f"worker {self.worker_id}'s process died (exit code {self.process.exitcode})")
 
     def stop(self) -> None:
         with contextlib.suppress(OSError):  # a process already gone has no pipe to read it
@@ -211,10 +228,7 @@ class NodeAgent:
         slot = self._slot(key)
         start = resolve_start(TrialSpec.from_dict(spec), parent, resume)
         with slot.lock:
-            try:
-                slot.conn.send(("run", start.spec.to_dict(), start.parent, start.resume))
-            except OSError:
-                raise SlotLost(f"worker {slot.worker_id}'s process is gone") from None
+            slot.send(("run", start.spec.to_dict(), start.parent, start.resume))
             while True:
                 kind, value = slot.receive()
                 if kind == "end":
@@ -233,13 +247,13 @@ class NodeAgent:
         """The master's liveness question for one slot: its process must still exist."""
         slot = self._slot(key, wait_s=0.0)
         if not slot.process.is_alive():
-            raise SlotLost(f"worker {slot.worker_id}'s process died (exit code {slot.process.exitcode})")
+            raise slot.lost()
         return True
 
     def stats(self, key: int) -> dict[str, Any]:
         slot = self._slot(key)
         with slot.lock:
-            slot.conn.send(("stats",))
+            slot.send(("stats",))
             kind, value = slot.receive(SLOT_STOP_S)
         if kind != "stats":
             raise RuntimeError(f"worker {slot.worker_id} answered {kind} to a stats request")

@@ -81,6 +81,19 @@ class PoolEvent:
         self.kind = EventKind(self.kind)  # ValueError for a misspelt kind
 
 
+@dataclass(frozen=True)
+class Retirement:
+    """What the workers said last, at the run's end.
+
+    ``stats``: each reachable worker's own final numbers. ``lost``: why each worker found dead
+    at the end is gone (a process killed while it waited for its next trial has no trial stream
+    to say so), so its record says it died rather than that the run ended.
+    """
+
+    stats: dict[str, dict[str, Any]] = field(default_factory=dict)
+    lost: dict[str, str] = field(default_factory=dict)
+
+
 class WorkerPool(ABC):
     """Something that runs trials on workers and reports what happens."""
 
@@ -113,8 +126,8 @@ class WorkerPool(ABC):
         """What the worker said about itself (node, device, precision); empty until ready."""
 
     @abstractmethod
-    def retire_all(self) -> dict[str, dict[str, Any]]:
-        """Stop all work and return each reachable worker's final stats."""
+    def retire_all(self) -> Retirement:
+        """Stop all work; each reachable worker's final stats, and the workers found dead."""
 
     def put(self, value: Any) -> Any:
         """Hand a large value (weights) to the pool once so several submissions can share it."""
@@ -651,11 +664,9 @@ class RayWorkerPool(WorkerPool):
             try:
                 item = ray.get(ref)
             except Exception as exc:
-                from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
-
-                if isinstance(exc, (ActorDiedError, RayActorError, ActorUnavailableError)) and w.agent is not None:
+                if _is_death(exc) and not isinstance(exc, SlotLost) and w.agent is not None:
                     events.extend(self._lose_agent(w.agent.agent, f"its node agent died: {_ray_cause(exc)}"))
-                elif isinstance(exc, (ActorDiedError, RayActorError, ActorUnavailableError, SlotLost)):
+                elif _is_death(exc):
                     if not w.info:  # it died in __init__: a start failure, whichever of its refs failed first
                         events.extend(self._lose(w, _ray_cause(exc), kind=EventKind.START_FAILED))
                     else:
@@ -686,11 +697,12 @@ class RayWorkerPool(WorkerPool):
                 break
         return events
 
-    def retire_all(self) -> dict[str, dict[str, Any]]:
+    def retire_all(self) -> Retirement:
         ray = self._ray
         if self._watch is not None:
             self._watch.stop(wait_s=0)  # no new question; the one in flight has its own deadline
         stats: dict[str, dict[str, Any]] = {}
+        lost: dict[str, str] = {}
         alive = [w for w in self._workers.values() if w.alive]
         refs = {w.worker_id: w.agent.stats() if w.agent else w.actor.stats.remote() for w in alive if not w.tasks}
         if refs:
@@ -699,7 +711,9 @@ class RayWorkerPool(WorkerPool):
                 if ref in ready:
                     try:
                         stats[wid] = ray.get(ref)
-                    except Exception as exc:  # died while retiring: the master's own accounting remains
+                    except Exception as exc:  # the master's own accounting remains
+                        if _is_death(exc):  # it died idle, between trials: nothing else would say so
+                            lost[wid] = f"worker died: {_ray_cause(exc)}"
                         logger.debug("final stats of worker %s unavailable: %s", wid, exc)
         for w in alive:
             w.alive = False
@@ -719,7 +733,7 @@ class RayWorkerPool(WorkerPool):
         self._keepers.clear()
         if self._watch is not None:
             self._watch.stop()  # out of any call into Ray before Ray is shut down
-        return stats
+        return Retirement(stats, lost)
 
 
 def _fitting(wanted: list[Slot], held: list[Slot], nodes: list[NodeInfo]) -> list[Slot]:
@@ -742,6 +756,13 @@ def _fitting(wanted: list[Slot], held: list[Slot], nodes: list[NodeInfo]) -> lis
             free[1] -= s.gpus
             out.append(s)
     return out
+
+
+def _is_death(exc: BaseException) -> bool:
+    """Whether a call failed because its worker is gone: its actor died, or its node agent's slot process did."""
+    from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+
+    return isinstance(exc, (ActorDiedError, RayActorError, ActorUnavailableError, SlotLost))
 
 
 def _ray_cause(exc: BaseException) -> str:

@@ -21,7 +21,7 @@ from typing import Any
 from aiperf.cluster.messages import EpochReport, EventKind, StoredWeights, TrialDone, TrialStarted
 from aiperf.cluster.node_weights import KEEPER_OWNER, WeightsLost, WeightSource, resolve_start
 from aiperf.cluster.plan import Plan, Slot
-from aiperf.cluster.pool import FreeWorkers, PoolEvent, WorkerPool
+from aiperf.cluster.pool import FreeWorkers, PoolEvent, Retirement, WorkerPool
 from aiperf.training.trial import TrialSpec
 
 AccuracyFn = Callable[[TrialSpec], Sequence[float]]  # accuracy after each of the spec's epochs 1..epochs
@@ -401,10 +401,10 @@ class SimulatedWorkerPool(WorkerPool):
             "init_s": 0.0,
         }
 
-    def retire_all(self) -> dict[str, dict[str, Any]]:
+    def retire_all(self) -> Retirement:
         for w in self._workers.values():
             w.alive = False
             w.queue.clear()
             self._refresh_free(w)
         self._events.clear()
-        return {}
+        return Retirement()  # a simulated death is an event when it happens: none is found at the end

@@ -880,10 +880,12 @@ class Master:
         # The kept sets' files are collected from their nodes before the workers and keepers go.
         self._record_saved(self.weights.finish(COLLECT_AT_END_S), self.clock())
         final = self.pool.retire_all()
-        for worker, stats in final.items():
-            self.worker_stats[worker] = stats
+        self.worker_stats.update(final.stats)
         for worker in self.worker_ready_t:
-            why = f"unresponsive at the run's end: {silent[worker]}" if worker in silent else "run ended"
+            if worker in silent:
+                why = f"unresponsive at the run's end: {silent[worker]}"
+            else:
+                why = final.lost.get(worker, "run ended")
             self._record_worker(worker, retired_because=why)
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from aiperf.cluster import ray_session
 from aiperf.cluster.messages import EventKind
+from aiperf.cluster.node_agent import SlotLost
 from aiperf.cluster.plan import Slot
 from aiperf.cluster.pool import PING_AFTER_S, UNRESPONSIVE_S, FreeWorkers, RayWorkerPool, _Task, _Worker
 from aiperf.cluster.ray_session import ControlPlaneWatch, RaySession
@@ -135,6 +136,7 @@ class _Actor:
         self.asked = 0
         self.options: list[dict[str, Any]] = []
         self.alive = _Method(self, "alive")
+        self.stats = _Method(self, "stats")
 
 
 class _Ray:
@@ -142,14 +144,17 @@ class _Ray:
 
     def __init__(self) -> None:
         self.answering: set[str] = set()
+        self.failing: dict[str, Exception] = {}  # refs that are ready with an error
         self.killed: list[Any] = []
 
     def wait(self, refs: list[Any], num_returns: int = 1, timeout: float | None = None) -> tuple[list, list]:
-        ready = [r for r in refs if r in self.answering]
+        ready = [r for r in refs if r in self.answering or r in self.failing]
         return ready[:num_returns], [r for r in refs if r not in ready]
 
     def get(self, ref: str) -> Any:
-        return True
+        if ref in self.failing:
+            raise self.failing[ref]
+        return {"worker": ref.split(".")[0]}
 
     def kill(self, actor: Any, no_restart: bool = True) -> None:
         self.killed.append(actor)
@@ -162,6 +167,9 @@ def _pool(workers: int = 1) -> RayWorkerPool:
     pool._pending_events = []
     pool._hosts = {"node-a": "host-a"}
     pool._free = FreeWorkers()
+    pool._watch = None
+    pool._agents = []
+    pool._keepers = {}
     pool._workers = {}
     for k in range(workers):
         wid = f"w{k:04d}"
@@ -213,6 +221,24 @@ def test_at_the_end_the_workers_that_do_not_answer_are_named():
     silent = pool.unresponsive(0.05)
     assert list(silent) == ["w0001"] and "no answer within 0.05 s" in silent["w0001"]
     assert time.monotonic() - began < 1
+
+
+class _Lost(SlotLost, RuntimeError):
+    """What a node agent's call raises on the master when the slot's process is gone (Ray's task error, its cause)."""
+
+
+def test_a_worker_found_dead_at_the_end_is_retired_as_lost_and_the_others_report_their_stats():
+    pool = _pool(workers=3)
+    for w in pool._workers.values():
+        w.tasks.clear()  # each waits for its next trial: only the final stats question can find a dead one
+    pool._ray.answering.add("w0000.stats-1")
+    pool._ray.failing["w0001.stats-1"] = _Lost("SlotLost: worker w0001's process died (exit code -9)")
+    pool._ray.failing["w0002.stats-1"] = ValueError("a stats bug is not a death")
+    final = pool.retire_all()
+    assert final.stats == {"w0000": {"worker": "w0000"}}
+    assert final.lost == {"w0001": "worker died: SlotLost: worker w0001's process died (exit code -9)"}
+    assert not any(w.alive for w in pool._workers.values())
+    assert len(pool._ray.killed) == 3
 
 
 # --- shutting Ray down ------------------------------------------------------------------------

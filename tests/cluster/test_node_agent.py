@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -19,7 +20,7 @@ import psutil
 import pytest
 from helpers import aiperf_cmd, cli_env, killed_if_left, start_cli
 
-from aiperf.cluster.node_agent import device_shares
+from aiperf.cluster.node_agent import SlotLost, _SlotProcess, device_shares
 from aiperf.record.ledger import read_raw_ledger
 
 
@@ -29,6 +30,21 @@ def test_slots_get_their_own_accelerators_whole_or_shared():
     assert device_shares([0.5, 0.5, 0.5, 0.5], ["4", "6"]) == [["4"], ["4"], ["6"], ["6"]]  # fractional
     assert device_shares([0.25] * 3, ["0"]) == [["0"]] * 3
     assert device_shares([1.0, 1.0], []) == [[], []]  # a CPU node: nothing to choose
+
+
+def test_a_slot_whose_process_died_between_trials_says_it_died_when_it_is_sent_work():
+    context = multiprocessing.get_context("spawn")
+    slot = _SlotProcess.__new__(_SlotProcess)  # its pipe and process without a worker in it
+    slot.conn, child = context.Pipe()
+    slot.process = context.Process(target=time.sleep, args=(60,))
+    slot.process.start()
+    child.close()  # as the agent's end of a slot whose process is gone: nobody reads the pipe
+    slot.worker_id = "w0003"
+    os.kill(slot.process.pid, signal.SIGKILL)
+    with pytest.raises(SlotLost, match=r"^worker w0003's process died \(exit code -9\)$"):
+        slot.send(("run", {}, None, None))
+    with pytest.raises(SlotLost, match=r"process died \(exit code -9\)"):
+        slot.receive(1.0)
 
 
 def _agent_children(run: subprocess.Popen) -> list[psutil.Process]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from helpers import sim_run_start
 
 from aiperf.cluster.messages import EventKind
-from aiperf.cluster.pool import PoolEvent
+from aiperf.cluster.pool import PoolEvent, Retirement
 from aiperf.cluster.sim_pool import HybridClock, SimulatedWorkerPool
 from aiperf.config import load_config
 from aiperf.engine.master import Master, MasterSettings
@@ -102,6 +102,20 @@ def test_a_trial_whose_worker_does_not_answer_at_the_end_ends_unresponsive(tmp_p
     assert by_worker["w00001"].status is TrialStatus.STOPPED
     retired = {r.worker: r.retired for r in records if r.type == "worker"}
     assert retired["w00000"].startswith("unresponsive at the run's end") and retired["w00001"] == "run ended"
+
+
+def test_a_worker_found_dead_at_the_end_is_recorded_as_died_not_as_ended(tmp_path):
+    master, pool, ledger, _ = _master(tmp_path, budget=60.0)
+    original = pool.retire_all
+
+    def retire_all():
+        original()
+        return Retirement(lost={"w00001": "worker died: worker w00001's process died (exit code -9)"})
+
+    pool.retire_all = retire_all
+    _, records = _finish(master, ledger, tmp_path)
+    retired = {r.worker: r.retired for r in records if r.type == "worker"}
+    assert retired == {"w00000": "run ended", "w00001": "worker died: worker w00001's process died (exit code -9)"}
 
 
 def _unresponsive_losses(pool):
