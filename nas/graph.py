@@ -91,6 +91,14 @@ _ARITY.update({"input": (0, 0), "add": (2, None), "concat": (2, None)})
 CHANNELWISE_OPS = frozenset({"bn", "act", "pool", "dropout", "zeropad"})
 
 
+class NodeDoc(dict):
+    """A node's JSON document, as :meth:`Node.to_dict` makes it: JSON holds it as it is.
+
+    Every node's attributes went through :func:`make_node` (finite numbers, text, integer
+    tuples made lists here), so a record writer need not walk it again to make it safe.
+    """
+
+
 @dataclass(frozen=True)
 class Node:
     """One layer: its id, operation, the ids of the nodes it reads and its attributes."""
@@ -100,9 +108,17 @@ class Node:
     inputs: tuple[int, ...] = ()
     attrs: Mapping[str, Any] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        attrs = {k: list(v) if isinstance(v, tuple) else v for k, v in self.attrs.items()}
-        return {"id": self.id, "op": self.op, "inputs": list(self.inputs), "attrs": attrs}
+    def to_dict(self) -> NodeDoc:
+        """The node's JSON-ready document: made once per node, so every graph sharing the node shares it.
+
+        A morph child shares most nodes with its parent, and every trial's architecture is written
+        into its spec and its ledger record. The document is read, never changed, by whoever gets it.
+        """
+        doc = self.recall("doc", None)
+        if doc is None:
+            attrs = {k: list(v) if isinstance(v, tuple) else v for k, v in self.attrs.items()}
+            doc = self.remember("doc", None, NodeDoc(id=self.id, op=self.op, inputs=list(self.inputs), attrs=attrs))
+        return doc
 
     @property
     def label(self) -> str:

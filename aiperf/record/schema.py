@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationErr
 from pydantic_core import PydanticCustomError
 
 from aiperf.errors import AiperfError, excerpt
+from nas.graph import NodeDoc
 
 MAX_COUNT = 2**53  # integers beyond this lose precision as floats; no real count comes near
 MAX_T = 1e10  # seconds on the master clock (317 years)
@@ -122,7 +123,9 @@ _PLAIN = frozenset((str, int, bool, type(None)))  # leaves JSON holds as they ar
 
 def json_safe(value: Any) -> Any:
     """A value as JSON can hold it: NaN/inf become None, tuples lists, NumPy scalars Python numbers."""
-    if type(value) in _PLAIN:  # first: a trial's graph is thousands of these, checked on every record
+    if type(value) in _PLAIN:  # first: the most common leaves
+        return value
+    if type(value) is NodeDoc:  # a graph's nodes, safe by construction: every trial's record carries its graph
         return value
     if isinstance(value, float):
         return value if math.isfinite(value) else None

@@ -260,3 +260,20 @@ def test_a_keras_sized_network_fits_well_within_the_caps():
     per_node = len(text) / len(zoo.resnet(152))
     assert per_node * MAX_NODES < serialize.MAX_FILE_BYTES
     assert serialize._count_tokens(text) / len(zoo.resnet(152)) * MAX_NODES < serialize.MAX_JSON_TOKENS
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_childs_document_shares_its_parents_unchanged_nodes_and_leaves_the_parents_as_it_was(seed):
+    """Each node's document is made once (every trial writes its graph twice): a child's changed nodes get their own."""
+    rng = np.random.default_rng(seed)
+    parent = zoo.small_resnet((12, 12, 3), width=4)
+    before = json.dumps(serialize.graph_to_dict(parent), sort_keys=True)
+    child = parent
+    for _ in range(3):
+        child = random_morph(child, rng)[0]
+    ours, theirs = serialize.graph_to_dict(child), serialize.graph_to_dict(parent)
+    mine = {id(d) for d in theirs["nodes"]}
+    shared = [d for d in ours["nodes"] if id(d) in mine]
+    assert shared and len(shared) < len(ours["nodes"])
+    assert json.dumps(serialize.graph_to_dict(parent), sort_keys=True) == before
+    assert serialize.graph_from_dict(json.loads(json.dumps(ours, allow_nan=False))) == child

@@ -29,7 +29,9 @@ from aiperf.record.schema import (
     record_problem,
 )
 from nas import zoo
+from nas.morph import random_morph
 from nas.proposer import TrialKind
+from nas.serialize import graph_to_dict
 
 
 def test_records_written_with_enums_have_the_bytes_and_hash_of_plain_strings(tmp_path, monkeypatch):
@@ -152,3 +154,15 @@ def test_what_a_writer_hands_over_is_stored_as_json_holds_it():
     assert type(safe["acc"]) is float and type(safe["epochs"]) is int and safe["nested"][0]["flag"] is True
     assert safe["status"] is TrialStatus.COMPLETED
     json.dumps(safe, allow_nan=False)  # raises on anything JSON cannot hold
+
+
+def test_a_graphs_node_documents_are_stored_as_they_are_and_json_holds_them():
+    """The writer passes a graph's nodes through without walking them: they must already be what JSON reads back."""
+    rng = np.random.default_rng(3)
+    graph = zoo.small_resnet((12, 12, 3), width=4)
+    for _ in range(4):
+        graph = random_morph(graph, rng)[0]
+    doc = graph_to_dict(graph)
+    safe = json_safe({"graph": doc})
+    assert all(a is b for a, b in zip(safe["graph"]["nodes"], doc["nodes"], strict=True))
+    assert safe == json.loads(json.dumps({"graph": doc}, allow_nan=False))
