@@ -114,6 +114,10 @@ class MasterSettings:
     dataset_images: int = 0  # training + validation images: the base of the bad-image share (0: no check)
     max_bad_fraction: float = 0.001
     compiled_models: int = 4  # architectures each worker keeps compiled (train.compiled_models)
+    # What holding a trial for the worker that has its architecture compiled saves: one compile on that
+    # worker. A re-tune's first step with the model kept took 0.06 s on an H200 against 2.3-2.7 s compiled
+    # again (benchmarks/RESULTS.md, "a re-tune's first step"); the lower figure, rounded down.
+    held_trial_worth_s: float = 2.0
 
     @classmethod
     def from_config(cls, cfg: Config, dataset_images: int = 0) -> MasterSettings:
@@ -199,6 +203,7 @@ class Master:
         self._compiled_queue: dict[str, list[tuple[int, str]]] = {}
         self._compiled_order = itertools.count()
         self.held: dict[str, TrialState] = {}  # worker -> a trial kept for it: it has the architecture compiled
+        self._ask_s = 0.0  # the master's time per proposal (moving average): a held trial's cost to each idle worker
         self._ids = itertools.count(first_trial)
         self.proposed = first_trial
         self.completed = 0
@@ -366,8 +371,12 @@ class Master:
         free = self.pool.free_workers()
         if free:
             self.ledger.sync()  # what the next proposals learn from is durable before they are made
+        # Workers that never had a trial wait, idle, for this fill: at the start of a run, all of them.
+        waiting = sum(1 for worker in free if worker not in self.compiled_on)
         for worker in free:
-            state = self._next_for(worker)
+            if worker not in self.compiled_on:
+                waiting -= 1
+            state = self._next_for(worker, waiting)
             if state is None:
                 return
             spec, parent_ref, resume_ref = self._spec(state)
@@ -378,7 +387,7 @@ class Master:
             self._note_compiled(worker, state.compile_key)
             logger.debug(f"trial {state.trial_id} (attempt {state.attempt}) submitted to worker {worker}")
 
-    def _next_for(self, worker: str) -> TrialState | None:
+    def _next_for(self, worker: str, waiting: int = 0) -> TrialState | None:
         """The trial ``worker`` trains next: one held for it, a re-queued one, or a new proposal.
 
         Affinity: a worker that has an architecture compiled trains it without tracing or
@@ -386,7 +395,10 @@ class Master:
         proposal whose architecture only another worker has compiled (a re-tune, mostly) is
         held for that worker, which takes it as soon as it is free, and this worker gets the
         next proposal instead -- at most one trial is held per worker, so no worker ever
-        waits for work while another trial is held.
+        waits for work while another trial is held. A held trial saves one compile but makes
+        each of the ``waiting`` workers after this one (idle ones that never had a trial) wait
+        one proposal longer; where that costs more than the compile saves -- the start-up fill
+        of thousands of workers -- this worker takes the proposal itself.
         """
         held = self.held.pop(worker, None)
         if held is not None:
@@ -398,9 +410,13 @@ class Master:
             self.retry_queue.remove(pick)
             return pick
         while self._may_propose():
+            asked = self.clock()
             state = self._new_trial()
+            self._ask_s += 0.05 * (self.clock() - asked - self._ask_s)
             if self.proposed % 2000 == 0:
                 gc.freeze()  # move what the search has accumulated out of the collector's view
+            if waiting * self._ask_s > self.settings.held_trial_worth_s:
+                return state  # holding it would cost the waiting workers more than the compile it saves
             other = self._compiled_elsewhere(state.compile_key, worker)
             if other is None:
                 return state

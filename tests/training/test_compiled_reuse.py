@@ -126,6 +126,30 @@ def test_a_trial_another_worker_has_compiled_waits_for_it_and_this_worker_gets_t
     assert not master.held
 
 
+@pytest.mark.parametrize("worth_s, held", [(2.0, True), (0.5, False)])
+def test_a_trial_is_held_only_while_that_costs_the_idle_workers_less_than_the_compile_it_saves(tmp_path, worth_s, held):
+    # Each proposal takes 20 s of the master's clock here, and one more idle worker waits behind w0: holding the
+    # re-tune for w1 makes it wait 20 s x 5 % (the moving average's first step) = 1 s. Worth a 2 s compile,
+    # not a 0.5 s one -- at the start of a run of 65,536 workers the waiting ones are tens of thousands.
+    seed = _seed()
+    wider = apply_morph(seed, Morph("wider", next(n.id for n in seed.nodes if n.op == "conv"), size=12), rng=1)[0]
+    ticks = iter(range(0, 10**6, 10))
+    settings = MasterSettings(time_budget_s=1e9, held_trial_worth_s=worth_s)
+    pool = _Pool(["w0", "w2"])
+    master = Master(
+        settings, _ListProposer([seed.with_dropout(0.3), _child(), wider]), pool, LedgerWriter(tmp_path),
+        WeightStore(4), clock=lambda: float(next(ticks)),
+    )  # fmt: skip
+    master._note_compiled("w1", compile_key(seed))  # w1 is busy with the seed
+    master._fill()
+    if held:
+        assert pool.submitted == [("w0", "t00001"), ("w2", "t00002")]
+        assert master.held["w1"].trial_id == "t00000"
+    else:
+        assert pool.submitted == [("w0", "t00000"), ("w2", "t00001")]
+        assert not master.held
+
+
 def test_at_the_trial_cap_a_held_trial_goes_to_the_idle_worker(tmp_path):
     seed = _seed()
     master, pool = _master(tmp_path, [seed, _child()], free=["w0"])
