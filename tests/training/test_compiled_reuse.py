@@ -39,13 +39,17 @@ def _child():
     return apply_morph(g, Morph("deeper", relu, size=3))[0]
 
 
+def _wider():
+    g = _seed()
+    return apply_morph(g, Morph("wider", next(n.id for n in g.nodes if n.op == "conv"), size=12), rng=1)[0]
+
+
 # -- which trials can share a compiled model --------------------------------------------------------
 def test_the_compile_key_ignores_dropout_rates_and_nothing_else():
     g = _seed()
     assert compile_key(g.with_dropout(0.1)) == compile_key(g.with_dropout(0.45))
     assert compile_key(g) != compile_key(_child())
-    wider = apply_morph(g, Morph("wider", next(n.id for n in g.nodes if n.op == "conv"), size=12), rng=1)[0]
-    assert compile_key(g) != compile_key(wider)
+    assert compile_key(g) != compile_key(_wider())
 
 
 def test_the_cache_keeps_the_most_recently_used_models():
@@ -106,10 +110,10 @@ class _Pool:
         return {}
 
 
-def _master(tmp_path, graphs, free, compiled_models=4):
-    settings = MasterSettings(time_budget_s=100.0, compiled_models=compiled_models)
+def _master(tmp_path, graphs, free, compiled_models=4, clock=lambda: 0.0, **settings):
+    settings = MasterSettings(**{"time_budget_s": 100.0, "compiled_models": compiled_models, **settings})
     pool = _Pool(free)
-    master = Master(settings, _ListProposer(graphs), pool, LedgerWriter(tmp_path), WeightStore(4), clock=lambda: 0.0)
+    master = Master(settings, _ListProposer(graphs), pool, LedgerWriter(tmp_path), WeightStore(4), clock=clock)
     return master, pool
 
 
@@ -131,14 +135,10 @@ def test_a_trial_is_held_only_while_that_costs_the_idle_workers_less_than_the_co
     # Each proposal takes 20 s of the master's clock here, and one more idle worker waits behind w0: holding the
     # re-tune for w1 makes it wait 20 s x 5 % (the moving average's first step) = 1 s. Worth a 2 s compile,
     # not a 0.5 s one -- at the start of a run of 65,536 workers the waiting ones are tens of thousands.
-    seed = _seed()
-    wider = apply_morph(seed, Morph("wider", next(n.id for n in seed.nodes if n.op == "conv"), size=12), rng=1)[0]
-    ticks = iter(range(0, 10**6, 10))
-    settings = MasterSettings(time_budget_s=1e9, held_trial_worth_s=worth_s)
-    pool = _Pool(["w0", "w2"])
-    master = Master(
-        settings, _ListProposer([seed.with_dropout(0.3), _child(), wider]), pool, LedgerWriter(tmp_path),
-        WeightStore(4), clock=lambda: float(next(ticks)),
+    seed, ticks = _seed(), iter(range(0, 10**6, 10))
+    master, pool = _master(
+        tmp_path, [seed.with_dropout(0.3), _child(), _wider()], free=["w0", "w2"], clock=lambda: float(next(ticks)),
+        time_budget_s=1e9, held_trial_worth_s=worth_s,
     )  # fmt: skip
     master._note_compiled("w1", compile_key(seed))  # w1 is busy with the seed
     master._fill()
