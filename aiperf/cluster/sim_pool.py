@@ -3,8 +3,9 @@
 Trials do not train: each takes ``epoch_s`` simulated seconds per epoch and reports an
 accuracy from ``accuracy_fn`` (the trial's learning curve, computed once when it is queued).
 Time is a :class:`HybridClock`: real time spent in the
-master's own code flows into it, while waiting for workers jumps straight to the next
-event. So a simulation of thousands of workers running 10-minute trials finishes in
+master's own code flows into it (a submission's serialisation, as Ray does it, included; the
+worker's side of a submission and the simulator's own work do not), while waiting for workers
+jumps straight to the next event. So a simulation of thousands of workers running 10-minute trials finishes in
 seconds, and any time the master spends thinking shows up as workers waiting for it —
 exactly what ``benchmarks/scale_sim.py`` measures.
 """
@@ -13,8 +14,10 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import pickle
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +28,22 @@ from aiperf.cluster.pool import FreeWorkers, PoolEvent, Retirement, WorkerPool
 from aiperf.training.trial import TrialSpec
 
 AccuracyFn = Callable[[TrialSpec], Sequence[float]]  # accuracy after each of the spec's epochs 1..epochs
+
+
+def _serialise(args: Any) -> bytes:
+    """``args`` as Ray serialises a remote call's arguments (its cloudpickle, protocol 5)."""
+    global _pickler
+    if _pickler is None:
+        try:
+            from ray import cloudpickle
+
+            _pickler = cloudpickle.dumps
+        except ImportError:  # ray is a dependency; this keeps the simulator usable without it
+            _pickler = pickle.dumps
+    return _pickler(args, protocol=5)
+
+
+_pickler: Callable[..., bytes] | None = None
 
 
 class HybridClock:
@@ -39,9 +58,29 @@ class HybridClock:
         self._now = time.process_time if cpu else time.perf_counter
         self._real0 = self._now()
         self._jumped = 0.0
+        self._frozen: float | None = None
 
     def __call__(self) -> float:
+        if self._frozen is not None:
+            return self._frozen
         return self._now() - self._real0 + self._jumped
+
+    @contextmanager
+    def unseen(self) -> Iterator[None]:
+        """Time spent inside does not pass: work a real master would not do (a worker's, the simulator's).
+
+        The clock reads the same inside as when it was entered, and goes on from there after.
+        """
+        if self._frozen is not None:
+            yield
+            return
+        self._frozen = self()
+        entered = self._now()
+        try:
+            yield
+        finally:
+            self._jumped -= self._now() - entered
+            self._frozen = None
 
     def jump_to(self, t: float) -> None:
         now = self()
@@ -243,6 +282,29 @@ class SimulatedWorkerPool(WorkerPool):
         resume_weights: Any = None,
     ) -> None:
         w = self._workers[worker]
+        # Submitting costs a real master the serialisation of the call's arguments (Ray pickles
+        # them with its cloudpickle, in the caller's thread): done here, on the master's clock.
+        # Reading the spec, finding the weights and the trial's learning curve are the worker's
+        # work and the simulator's: they do not pass on it.
+        _serialise((spec, parent_weights, resume_weights))
+        with self.clock.unseen():
+            task = self._task(worker, trial, attempt, spec, parent_weights, resume_weights)
+        now = self.clock()
+        task.start = max(now, w.free_at)
+        epochs = task.epochs - task.start_epoch
+        end = task.start + self.startup_s + epochs * task.epoch_s
+        w.free_at = end
+        w.queue.append(task)
+        self._refresh_free(w)
+        self._push(task.start, "start", (worker, task, None))
+        for k in range(1, epochs + 1):
+            self._push(task.start + self.startup_s + k * task.epoch_s, "epoch", (worker, task, k))
+        self._push(end, "done", (worker, task, None))
+
+    def _task(
+        self, worker: str, trial: str, attempt: int, spec: dict[str, Any], parent_weights: Any, resume_weights: Any
+    ) -> _SimTask:
+        """The worker's side of a submission: the spec read, its weights found, its epochs simulated ahead."""
         trial_spec = TrialSpec.from_dict(spec)
         started = None
         if self.weights_on_nodes:
@@ -254,7 +316,7 @@ class SimulatedWorkerPool(WorkerPool):
                 inherited=start.inherited,
                 weights_lost=start.fallback,
             )
-        task = _SimTask(
+        return _SimTask(
             trial,
             attempt,
             trial_spec.epochs,
@@ -263,19 +325,8 @@ class SimulatedWorkerPool(WorkerPool):
             tuple(float(a) for a in self.accuracy_fn(trial_spec)),
             trial_spec if self.failure_fn is not None else None,
             started,
+            epoch_s=self._epoch_seconds(trial_spec),
         )
-        now = self.clock()
-        task.start = max(now, w.free_at)
-        task.epoch_s = self._epoch_seconds(trial_spec)
-        epochs = task.epochs - task.start_epoch
-        end = task.start + self.startup_s + epochs * task.epoch_s
-        w.free_at = end
-        w.queue.append(task)
-        self._refresh_free(w)
-        self._push(task.start, "start", (worker, task, None))
-        for k in range(1, epochs + 1):
-            self._push(task.start + self.startup_s + k * task.epoch_s, "epoch", (worker, task, k))
-        self._push(end, "done", (worker, task, None))
 
     def _epoch_seconds(self, spec: TrialSpec) -> float:
         """Fixed ``epoch_s``, or the epoch's counted operations at ``device_ops_per_s``."""

@@ -81,7 +81,15 @@ class ImageFamily:
         return Prepared(graph, count_flops_memo(graph), compile_key(graph))
 
     def arch_dict(self, arch: Graph) -> dict[str, Any]:
-        return graph_to_dict(arch)
+        """The graph as a worker is sent it: plain dicts, which Ray's pickler copies in C.
+
+        A node's kept document is a :class:`nas.graph.NodeDoc`, a dict subclass, which Ray's
+        cloudpickle hands to a Python-level reducer node by node: 64 us per spec of a 22-node graph
+        against 12 us with plain dicts (3 us to make), paid by the master for every submission.
+        """
+        doc = graph_to_dict(arch)
+        doc["nodes"] = [dict(node) for node in doc["nodes"]]
+        return doc
 
     def start_fields(self, proposal: TrialProposal, prepared: Prepared, batch_size: int) -> dict[str, Any]:
         cost: GraphCost = prepared.cost

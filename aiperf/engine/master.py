@@ -355,7 +355,7 @@ class Master:
         state.inherit = inherit if state.checkpoint is None else state.inherit
         spec = TrialSpec(
             trial_id=state.trial_id,
-            kind=p.kind,
+            kind=str(p.kind),  # a plain string: an enum member pickles through Python code, a str in C
             graph=self.family.arch_dict(state.prepared.arch),
             hparams=dict(p.hparams),
             seed=state.seed,

@@ -20,6 +20,41 @@ def test_a_cpu_clock_counts_the_master_s_work_and_the_jumps_but_not_its_waits():
     assert clock() - start >= 10.0
 
 
+def test_time_unseen_by_the_master_does_not_pass_and_the_clock_never_goes_back():
+    clock = HybridClock()
+    entered = clock()
+    with clock.unseen():
+        inside = clock()
+        time.sleep(0.2)
+        assert entered <= clock() == inside  # frozen where it was entered, not ahead of what it reads after
+        with clock.unseen():
+            time.sleep(0.05)
+    after = clock()
+    assert entered <= after < entered + 0.1
+    time.sleep(0.05)
+    assert clock() >= after + 0.05  # and the master's own time passes again
+
+
+def test_a_workers_side_of_a_submission_is_not_the_master_s_time():
+    """The spec read, the weights found and the learning curve are worker and simulator work, not the master's."""
+    from aiperf.cluster.sim_pool import SimulatedWorkerPool, learning_curve
+    from aiperf.training.trial import TrialSpec
+
+    def slow_curve(spec: TrialSpec) -> tuple[float, ...]:
+        time.sleep(0.3)  # a simulator's expensive model of the trial
+        return learning_curve(0.9, spec)
+
+    clock = HybridClock()
+    pool = SimulatedWorkerPool(2, clock, accuracy_fn=slow_curve, epoch_s=10.0)
+    hparams = {"batch_size": 32, "epochs": 2}
+    spec = TrialSpec(trial_id="t1", kind="seed", graph={}, hparams=hparams, seed=1).to_dict()
+    before = clock()
+    pool.submit("w00000", "t1", 0, spec)
+    assert clock() - before < 0.1
+    events = pool.wait(100.0) + pool.wait(100.0)  # the workers' announcements, then the trial's start
+    assert any(e.trial == "t1" for e in events)
+
+
 def test_the_start_up_measurement_ends_when_every_worker_has_its_first_trial(tmp_path):
     from scale_sim import simulate
 
