@@ -1,0 +1,79 @@
+"""What one trial submission costs the master on Ray: serialising the spec, and the remote call.
+
+The master submits every trial with ``actor.run_trial.remote(spec, ...)``; Ray serialises the
+arguments in the caller's thread. This times Ray's own serialisation context and a remote call
+carrying the spec, with the spec as the master sends it (plain JSON values) and with the graph's
+kept node documents (``NodeDoc``, a dict subclass) as it sent them before 2026-11-27.
+
+    PYTHONPATH=. python benchmarks/submit_cost.py [--calls 3000]
+
+Starts a one-CPU local Ray (loopback only) and stops it; results in benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from aiperf.engine.family import ImageFamily
+from nas import zoo
+from nas.serialize import graph_to_dict
+
+
+def _spec(graph: dict[str, Any]) -> dict[str, Any]:
+    hparams = {"batch_size": 64.0, "epochs": 5.0, "learning_rate": 0.01, "dropout": 0.2}
+    return {
+        "trial_id": "t00001",
+        "kind": "arch",
+        "graph": graph,
+        "hparams": hparams,
+        "seed": 1,
+        "parent_graph": None,
+        "morphs": [],
+        "attempt": 0,
+        "start_epoch": 0,
+        "checkpoint_every_epoch": True,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--calls", type=int, default=3000, help="serialisations and remote calls timed per kind of spec")
+    args = p.parse_args()
+    if not 10 <= args.calls <= 1_000_000:
+        p.error("--calls must be in [10, 1000000]")
+
+    import ray
+
+    ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    try:
+        context = ray._private.worker.global_worker.get_serialization_context()
+
+        @ray.remote
+        def receive(spec: dict[str, Any]) -> int:
+            return len(spec)
+
+        graph = zoo.small_resnet((28, 28, 1), 10, width=16)  # the scale simulation's seed
+        print(f"{'spec':<30} {'serialise_us':>12} {'remote_call_us':>14}")
+        for name, doc in (
+            ("NodeDoc nodes (before)", graph_to_dict(graph)),
+            ("plain dicts (as sent now)", ImageFamily().arch_dict(graph)),
+        ):
+            spec = _spec(doc)
+            t0 = time.perf_counter()
+            for _ in range(args.calls):
+                context.serialize(spec)
+            serialise_us = (time.perf_counter() - t0) / args.calls * 1e6
+            ray.get([receive.remote(spec) for _ in range(min(300, args.calls))])  # warm the worker
+            t0 = time.perf_counter()
+            refs = [receive.remote(spec) for _ in range(args.calls)]
+            call_us = (time.perf_counter() - t0) / args.calls * 1e6  # the submissions only, not their execution
+            ray.get(refs)
+            print(f"{name:<30} {serialise_us:>12.1f} {call_us:>14.1f}")
+    finally:
+        ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()
