@@ -30,20 +30,13 @@ from aiperf.training.trial import TrialSpec
 AccuracyFn = Callable[[TrialSpec], Sequence[float]]  # accuracy after each of the spec's epochs 1..epochs
 
 
-def _serialise(args: Any) -> bytes:
-    """``args`` as Ray serialises a remote call's arguments (its cloudpickle, protocol 5)."""
-    global _pickler
-    if _pickler is None:
-        try:
-            from ray import cloudpickle
-
-            _pickler = cloudpickle.dumps
-        except ImportError:  # ray is a dependency; this keeps the simulator usable without it
-            _pickler = pickle.dumps
-    return _pickler(args, protocol=5)
-
-
-_pickler: Callable[..., bytes] | None = None
+def ray_pickler() -> Callable[..., bytes]:
+    """What Ray serialises a remote call's arguments with: its cloudpickle (the standard pickler without Ray)."""
+    try:
+        from ray import cloudpickle
+    except ImportError:  # ray is a dependency; this keeps the simulator usable without it
+        return pickle.dumps
+    return cloudpickle.dumps
 
 
 class HybridClock:
@@ -160,6 +153,8 @@ class SimulatedWorkerPool(WorkerPool):
         """``weights_on_nodes``: trials report their weights as references on their node, as Ray workers do
         (:mod:`aiperf.cluster.node_weights`), and a node killed by :meth:`kill_node_at` takes its sets with it."""
         self.clock = clock
+        with clock.unseen():  # importing Ray is the simulator's cost, not the master's
+            self._pickle = ray_pickler()
         self.weights_on_nodes = weights_on_nodes
         self._lost_nodes: set[str] = set()
         self._node_kills: dict[str, float] = {}
@@ -286,7 +281,7 @@ class SimulatedWorkerPool(WorkerPool):
         # them with its cloudpickle, in the caller's thread): done here, on the master's clock.
         # Reading the spec, finding the weights and the trial's learning curve are the worker's
         # work and the simulator's: they do not pass on it.
-        _serialise((spec, parent_weights, resume_weights))
+        self._pickle((spec, parent_weights, resume_weights), protocol=5)
         with self.clock.unseen():
             task = self._task(worker, trial, attempt, spec, parent_weights, resume_weights)
         now = self.clock()
