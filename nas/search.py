@@ -41,7 +41,7 @@ import numpy as np
 from nas.bayesian import BayesianMorphSearch
 from nas.defaults import DEFAULT_HPARAMS, SEARCH, STRATEGIES
 from nas.errors import NasError
-from nas.expand_pool import ExpandPool
+from nas.expand_pool import ExpandPool, PoolUnavailable
 from nas.graph import Graph
 from nas.hpo import HyperparameterSpace, HyperparameterTuner, normalise_hparams
 from nas.limits import Limits
@@ -351,7 +351,7 @@ class AutoMLSearch(Proposer[TrialProposal]):
             if self.settings.processes:
                 try:
                     self._expander = ExpandPool(self.settings.processes, self.limits)
-                except (OSError, ImportError, NotImplementedError) as exc:  # no process pool on this platform
+                except (PoolUnavailable, OSError, ImportError, NotImplementedError) as exc:  # none on this platform
                     logger.warning(f"start-up expansion processes unavailable ({exc}); expanding in the master")
             self._startup = StartupChildren(
                 self.seed_graph,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import time
 
 import pytest
 from layer_flops import conv_dense_train_flops
@@ -54,10 +55,10 @@ def test_a_pool_whose_processes_are_killed_hands_over_to_this_process_without_a_
 
     def kill_at_300(k, startup):
         if k == 300:
-            for process in list(pool._executor._processes.values()):  # type: ignore[union-attr]
+            for proc in pool._procs:
                 with contextlib.suppress(ProcessLookupError):  # the pool ends the others once one dies
-                    os.kill(process.pid, signal.SIGKILL)
-                process.join(10)
+                    os.kill(proc.process.pid, signal.SIGKILL)
+                proc.process.join(10)
 
     try:
         assert _children(pool, 1500, before=kill_at_300) == inline_children
@@ -115,3 +116,55 @@ def test_a_machine_without_a_process_pool_expands_in_the_master(monkeypatch, cap
     inline = make_proposer(SearchSettings(seed=2, candidates=16, landmarks=12), SEED, LIMITS)
     assert keys == [inline.ask(f"t{k}").graph.key() for k in range(300)]
     assert "expanding in the master" in caplog.text
+
+
+@pytest.mark.parametrize("delay_s", [0.05, 0.2, 0.4])
+def test_a_process_killed_while_sending_its_result_fails_the_expansion_at_once(tmp_path, monkeypatch, delay_s):
+    # concurrent.futures.ProcessPoolExecutor never resolves this future when the kill lands while
+    # the result is on its way (sending 300 MB takes about 0.3 s on the development VM; the delays
+    # after the process says it is about to send spread the kill over that window): its processes
+    # share one result pipe, and its reader waits for the rest of a message that never comes.
+    from expand_work import RESULT_BYTES, large_result_after_a_mark
+
+    from nas.expand_pool import PoolBroken
+
+    mark = tmp_path / "mark"
+    monkeypatch.setenv("AIPERF_TEST_EXPAND_MARK", str(mark))  # the spawned process inherits it
+    pool = ExpandPool(2, LIMITS, patience_s=60, work=large_result_after_a_mark)
+    try:
+        expansion = pool.start(SEED, 3, 4, LIMITS)
+        for _ in range(600):
+            if mark.exists():
+                break
+            time.sleep(0.05)
+        assert mark.exists(), "the expansion process never ran its work"
+        time.sleep(delay_s)
+        for proc in pool._procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.process.pid, signal.SIGKILL)
+        began = time.monotonic()
+        try:
+            assert len(expansion.result()) == RESULT_BYTES  # all sent before the kill: also no hang
+        except PoolBroken as exc:
+            assert "an expansion process ended" in str(exc)
+        assert time.monotonic() - began < 30  # not the patience: the death is seen on the pipe
+        with pytest.raises(PoolBroken):  # the pool takes no more work
+            pool.start(SEED, 3, 4, LIMITS).result()
+    finally:
+        pool.close()
+
+
+def test_a_stopped_process_is_waited_for_its_patience_then_the_start_up_goes_on_here(inline_children, caplog):
+    pool = ExpandPool(2, LIMITS, patience_s=2)
+
+    def stop_at_300(k, startup):
+        if k == 300:
+            for proc in pool._procs:
+                os.kill(proc.process.pid, signal.SIGSTOP)
+
+    try:
+        assert _children(pool, 1500, before=stop_at_300) == inline_children
+    finally:
+        pool.close()  # a stopped process is killed too: close returns
+    assert "expanding here instead" in caplog.text
+    assert all(proc.process.exitcode is not None for proc in pool._procs)
