@@ -168,3 +168,19 @@ def test_a_stopped_process_is_waited_for_its_patience_then_the_start_up_goes_on_
         pool.close()  # a stopped process is killed too: close returns
     assert "expanding here instead" in caplog.text
     assert all(proc.process.exitcode is not None for proc in pool._procs)
+
+
+def test_a_process_sends_each_child_once_and_leaves_none_out():
+    from nas.startup import expand
+
+    nodes = [SEED] + [item.graph for item in expand(SEED, 3, 4, None)[:6]]
+    pool = ExpandPool(1, LIMITS)
+    try:
+        expansions = [pool.start(node, 3, 4, LIMITS) for node in nodes]  # queued in order, like the start-up
+        sent = [item.graph.key() for expansion in expansions for item in expansion.result()]
+    finally:
+        pool.close()
+    here = [item.graph.key() for node in nodes for item in expand(node, 3, 4, None)]
+    assert len(sent) == len(set(sent))  # a repeat is not sent again
+    assert set(sent) == set(here)  # and nothing else is left out
+    assert len(sent) < len(here)  # (the siblings' children do repeat one another)
