@@ -393,3 +393,23 @@ def test_every_submission_carries_plain_json_a_pickler_copies_without_python_cod
         assert json.loads(json.dumps(spec)) == spec
         if spec["trial_id"] in starts:  # what the worker builds is what the ledger says it trained
             assert spec["graph"] == starts[spec["trial_id"]].graph
+
+
+def test_the_collector_pauses_only_while_workers_that_never_had_a_trial_wait(tmp_path, monkeypatch):
+    import gc
+
+    seen: list[tuple[bool, bool]] = []  # (a never-started worker is waiting in this fill, the collector is on)
+    original = Master._next_for
+
+    def next_for(master, worker, waiting=0):
+        seen.append((worker not in master.compiled_on, gc.isenabled()))
+        return original(master, worker, waiting)
+
+    monkeypatch.setattr(Master, "_next_for", next_for)
+    assert gc.isenabled()
+    _run(tmp_path, workers=5, budget=120.0, kills=[("w00002", 30.0)])
+    assert gc.isenabled()  # put back after every fill, and after the run
+    first = seen[:5]
+    assert all(new and not on for new, on in first)  # the start-up fill: all five wait, no collections
+    later = [on for new, on in seen[5:] if not new]
+    assert len(later) > 10 and all(later)  # fills of workers that have trained run with the collector on
