@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import math
 import multiprocessing
 import signal
 import threading
@@ -35,7 +36,7 @@ from typing import Any
 
 from nas.graph import Graph
 from nas.limits import Limits
-from nas.startup import LOOKAHEAD_PER_PROCESS, Expanded, expand
+from nas.startup import LOOKAHEAD_PER_PROCESS, Expanded, Packed, expand
 
 logger = logging.getLogger(__name__)
 MAX_PROCESSES = 256
@@ -50,23 +51,26 @@ class PoolBroken(RuntimeError):
     """An expansion process died, or the pool was closed, before the expansion came back."""
 
 
-Work = Callable[[Graph, int, int, Limits], Any]
+Work = Callable[[Graph, int, int, Limits, float], Any]
 _SENT: set[str] = set()  # in an expansion process: the keys of the children it has sent the master
 
 
-def expand_unsent(graph: Graph, kernel: int, seed: int, limits: Limits) -> list[Expanded]:
-    """:func:`~nas.startup.expand` less the children this process has sent before.
+def expand_unsent(graph: Graph, kernel: int, seed: int, limits: Limits, ceiling: float) -> list[Expanded | Packed]:
+    """:func:`~nas.startup.expand` less the children this process has sent before; those refused at ``ceiling`` packed.
 
     A process takes nodes in the master's queue order, and the master goes through every child
     of a node before the next node's, so a child sent before was seen there already: the master
     would skip it by its key (about one child in six at 16,384 workers), after unpickling it.
+    A child over the limits or above the FLOPs ceiling is sent pickled inside its message
+    (:class:`~nas.startup.Packed`): the master unpickles it only if the ceiling rises past it.
     """
-    out = []
+    out: list[Expanded | Packed] = []
     for item in expand(graph, kernel, seed, limits):
         key = item.graph.key()
         if key not in _SENT:
             _SENT.add(key)
-            out.append(item)
+            refused = item.verdict or (item.flops is not None and item.flops > ceiling)
+            out.append(Packed.of(item) if refused else item)
     return out
 
 
@@ -80,9 +84,9 @@ def _serve(conn: Connection, limits: Limits, work: Work) -> None:
             return
         if task is None:
             return
-        task_id, graph, kernel, seed = task
+        task_id, graph, kernel, seed, ceiling = task
         try:
-            reply = (task_id, work(graph, kernel, seed, limits), "")
+            reply = (task_id, work(graph, kernel, seed, limits, ceiling), "")
         except Exception as exc:  # a failed expansion fails its future, not the process
             reply = (task_id, None, f"{type(exc).__name__}: {str(exc)[:200]}")
         try:
@@ -94,11 +98,11 @@ def _serve(conn: Connection, limits: Limits, work: Work) -> None:
 class _Expansion:
     """A node's expansion in another process; ``result()`` waits at most the pool's patience, then breaks it."""
 
-    def __init__(self, future: Future[list[Expanded]], pool: ExpandPool) -> None:
+    def __init__(self, future: Future[list[Expanded | Packed]], pool: ExpandPool) -> None:
         self.future = future
         self._pool = pool
 
-    def result(self) -> list[Expanded]:
+    def result(self) -> list[Expanded | Packed]:
         try:
             return self.future.result(timeout=self._pool.patience_s)
         except TimeoutError:
@@ -110,7 +114,7 @@ class _Process:
     def __init__(self, process: BaseProcess, conn: Connection) -> None:
         self.process = process
         self.conn = conn
-        self.pending: dict[int, Future[list[Expanded]]] = {}
+        self.pending: dict[int, Future[list[Expanded | Packed]]] = {}
 
 
 class ExpandPool:
@@ -148,13 +152,16 @@ class ExpandPool:
         self._reader = threading.Thread(target=self._read, name="aiperf-expand-reader", daemon=True)
         self._reader.start()
 
-    def start(self, graph: Graph, kernel: int, seed: int, limits: Limits) -> _Expansion:
-        """Queue ``graph``'s expansion on the process with the fewest pending; a broken pool fails it at once."""
+    def start(self, graph: Graph, kernel: int, seed: int, limits: Limits, ceiling: float = math.inf) -> _Expansion:
+        """Queue ``graph``'s expansion on the process with the fewest pending; a broken pool fails it at once.
+
+        Children over the limits or above ``ceiling`` come back packed (:func:`expand_unsent`).
+        """
         if limits is not self._limits:
             raise ValueError("an expansion pool serves the limits it was started with")
         if self._closed:
             raise RuntimeError("the expansion pool is closed")
-        future: Future[list[Expanded]] = Future()
+        future: Future[list[Expanded | Packed]] = Future()
         with self._lock:
             if self._broken:
                 future.set_exception(PoolBroken(self._broken))
@@ -164,7 +171,7 @@ class ExpandPool:
             task_id = next(self._ids)
             target.pending[task_id] = future
         try:
-            target.conn.send((task_id, graph, kernel, seed))
+            target.conn.send((task_id, graph, kernel, seed, ceiling))
         except (OSError, ValueError) as exc:  # its process died (broken pipe) or the pool was closed meanwhile
             self._break(f"an expansion process could not be sent work ({type(exc).__name__}: {exc})")
         return _Expansion(future, self)

@@ -57,6 +57,10 @@ class SizeSchedule:
         low, _ = self.band(progress)
         return max(0.0, math.log(low / flops)) if flops > 0 else math.inf
 
+    def ceiling(self, progress: float) -> float:
+        """The most training FLOPs per image admitted at ``progress``: the band's top (a rounding's worth above)."""
+        return self.band(progress)[1] * (1 + 1e-9)
+
     def admits(self, flops: float, progress: float) -> bool:
         """Not above the band (the hard side: growth morphs cannot shrink a network back)."""
-        return flops <= self.band(progress)[1] * (1 + 1e-9)
+        return flops <= self.ceiling(progress)

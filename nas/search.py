@@ -361,6 +361,7 @@ class AutoMLSearch(Proposer[TrialProposal]):
                 self._admits_now,
                 depth,
                 self._expander,
+                self._flops_ceiling,
             )
         grown = self._startup.next(self._taken)
         if grown is None:
@@ -424,6 +425,16 @@ class AutoMLSearch(Proposer[TrialProposal]):
         if not self.limits.admits(graph):
             return False
         return self.schedule is None or self._size_rank(graph) < math.inf
+
+    def _flops_ceiling(self) -> float:
+        """Above which :meth:`_admits_now` refuses a graph within the limits, now (its FLOPs per image).
+
+        Infinite without a size schedule or a FLOPs counter. The start-up expansion processes pack
+        what is refused here (nas.startup.Packed).
+        """
+        if self.schedule is None or self.limits.flops_fn is None:
+            return math.inf
+        return self.schedule.ceiling(self._progress)
 
     def _size_rank(self, graph: Graph) -> float:
         """0 inside the band, ``ln(low / flops)`` below it, infinite above it (no schedule: 0)."""

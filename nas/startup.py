@@ -24,8 +24,10 @@ children come out the same, in the same order, whatever the number of processes.
 from __future__ import annotations
 
 import logging
+import math
+import pickle
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -37,6 +39,7 @@ from nas.morph import Morph, candidate_morphs, try_morph
 
 Accept = Callable[[Graph], bool]
 Taken = Callable[[str], bool]
+Ceiling = Callable[[], float]
 logger = logging.getLogger(__name__)
 LOOKAHEAD_PER_PROCESS = 4  # nodes queued ahead per expanding process, so none waits for the master
 
@@ -72,6 +75,35 @@ class Expanded:
     carried: Any = None  # the FLOPs counter's own record of the count (Limits.carry)
 
 
+@dataclass(frozen=True)
+class Packed:
+    """A child that the master would refuse as things stood when it was expanded, still pickled.
+
+    Over the limits, or above the FLOPs ceiling (the size schedule's band) at that moment:
+    about a quarter of the start-up children at 65,536 workers. The master reads its key,
+    verdict and count, and unpickles the child only if the ceiling has risen past it since.
+    """
+
+    key: str
+    verdict: str
+    flops: float | None
+    pickled: bytes  # the Expanded child
+
+    @staticmethod
+    def of(item: Expanded) -> Packed:
+        return Packed(item.graph.key(), item.verdict, item.flops, pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def refused(self, ceiling: float) -> bool:
+        """Whether an ``accept`` that keeps the ceiling contract (see :class:`StartupChildren`) refuses it."""
+        return bool(self.verdict) or (self.flops is not None and self.flops > ceiling)
+
+    def unpack(self) -> Expanded:
+        item = pickle.loads(self.pickled)
+        if not isinstance(item, Expanded):
+            raise TypeError(f"a packed child holds a {type(item).__name__}")
+        return item
+
+
 def node_generator(seed: int, graph: Graph) -> np.random.Generator:
     """The draws of one node's expansion: the same for the same run seed and node, in any process."""
     return np.random.default_rng([seed, int(graph.key(), 16)])
@@ -100,15 +132,18 @@ def expand(graph: Graph, kernel: int, seed: int, limits: Limits | None) -> list[
 
 
 class Expansion(Protocol):
-    def result(self) -> list[Expanded]: ...
+    def result(self) -> Sequence[Expanded | Packed]: ...
 
 
 class Expander(Protocol):
-    """Starts a node's expansion (here, or in another process) and gives it back on ``result()``."""
+    """Starts a node's expansion (here, or in another process) and gives it back on ``result()``.
+
+    Children refused at ``ceiling`` (:meth:`Packed.refused`) may come back packed.
+    """
 
     lookahead: int
 
-    def start(self, graph: Graph, kernel: int, seed: int, limits: Limits) -> Expansion: ...
+    def start(self, graph: Graph, kernel: int, seed: int, limits: Limits, ceiling: float = math.inf) -> Expansion: ...
 
 
 class _Later:
@@ -125,12 +160,19 @@ class InlineExpander:
 
     lookahead = 0
 
-    def start(self, graph: Graph, kernel: int, seed: int, limits: Limits) -> Expansion:
+    def start(self, graph: Graph, kernel: int, seed: int, limits: Limits, ceiling: float = math.inf) -> Expansion:
         return _Later(graph, kernel, seed, limits)
 
 
 class StartupChildren:
-    """Hands out distinct children of the seed, breadth first (see the module docstring)."""
+    """Hands out distinct children of the seed, breadth first (see the module docstring).
+
+    ``ceiling`` (training FLOPs per image, now) is a promise about ``accept``: it refuses every
+    child over the limits or counted above the ceiling. Children refused at the ceiling of the
+    moment their node was sent to an expansion process come back packed (:class:`Packed`), so
+    the master does not unpickle what it would drop; one the ceiling has risen past since is
+    unpacked and judged as any other, so the children handed out are the same either way.
+    """
 
     def __init__(
         self,
@@ -141,6 +183,7 @@ class StartupChildren:
         accept: Accept,
         max_depth: int,
         expander: Expander | None = None,
+        ceiling: Ceiling | None = None,
     ) -> None:
         self._seed = seed
         self._kernel = kernel_size
@@ -148,10 +191,11 @@ class StartupChildren:
         self._accept = accept
         self._max_depth = max_depth
         self._expander = expander or InlineExpander()
+        self._ceiling = ceiling or (lambda: math.inf)
         # Nodes to expand, each with its morphs from the seed and its expansion once started.
         self._queue: deque[tuple[Graph, tuple[Morph, ...], Expansion | None]] = deque()
         self._started = 0  # the first ``_started`` entries of the queue have their expansion started
-        self._children: deque[Expanded] = deque()
+        self._children: deque[Expanded | Packed] = deque()
         self._path: tuple[Morph, ...] = ()
         self._seen = {seed_graph.key()}
         self._enqueue(seed_graph, ())
@@ -163,7 +207,7 @@ class StartupChildren:
     def _start_ahead(self) -> None:
         while self._started < min(len(self._queue), self._expander.lookahead):
             graph, path, _ = self._queue[self._started]
-            expansion = self._expander.start(graph, self._kernel, self._seed, self._limits)
+            expansion = self._expander.start(graph, self._kernel, self._seed, self._limits, self._ceiling())
             self._queue[self._started] = (graph, path, expansion)
             self._started += 1
 
@@ -181,7 +225,7 @@ class StartupChildren:
                     return None
                 graph, self._path, expansion = self._queue.popleft()
                 if expansion is None:
-                    expansion = self._expander.start(graph, self._kernel, self._seed, self._limits)
+                    expansion = self._expander.start(graph, self._kernel, self._seed, self._limits, self._ceiling())
                 else:
                     self._started -= 1
                 self._start_ahead()
@@ -195,6 +239,13 @@ class StartupChildren:
                 self._children.extend(children)
                 continue
             item = self._children.popleft()
+            if isinstance(item, Packed):
+                if item.key in self._seen:
+                    continue
+                if item.refused(self._ceiling()):
+                    self._seen.add(item.key)  # as accept would refuse it, below
+                    continue
+                item = item.unpack()  # the ceiling has risen past it since its node was sent
             child = item.graph
             key = child.key()
             if key in self._seen:

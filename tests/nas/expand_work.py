@@ -8,7 +8,7 @@ from pathlib import Path
 RESULT_BYTES = 300_000_000
 
 
-def large_result_after_a_mark(graph, kernel, seed, limits):
+def large_result_after_a_mark(graph, kernel, seed, limits, ceiling):
     """Writes a mark file named by the seed's environment, then returns ``RESULT_BYTES`` to send back."""
     payload = b"x" * RESULT_BYTES
     Path(os.environ["AIPERF_TEST_EXPAND_MARK"]).write_text("sending")

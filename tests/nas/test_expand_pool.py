@@ -13,11 +13,15 @@ from layer_flops import conv_dense_train_flops
 from nas.expand_pool import ExpandPool
 from nas.limits import Limits
 from nas.search import SearchSettings, make_proposer
-from nas.startup import StartupChildren
+from nas.startup import Expanded, Packed, StartupChildren
 from nas.zoo import small_resnet
 
 SEED = small_resnet(input_shape=(16, 16, 1))
 LIMITS = Limits(max_layers=16, max_params=200_000, max_flops_per_image=1e8, flops_fn=conv_dense_train_flops)
+
+
+def _key(item: Expanded | Packed) -> str:
+    return item.key if isinstance(item, Packed) else item.graph.key()
 
 
 def _children(expander, count: int, seed: int = 4, before=None) -> list[tuple[str, tuple]]:
@@ -177,10 +181,75 @@ def test_a_process_sends_each_child_once_and_leaves_none_out():
     pool = ExpandPool(1, LIMITS)
     try:
         expansions = [pool.start(node, 3, 4, LIMITS) for node in nodes]  # queued in order, like the start-up
-        sent = [item.graph.key() for expansion in expansions for item in expansion.result()]
+        sent = [_key(item) for expansion in expansions for item in expansion.result()]
     finally:
         pool.close()
     here = [item.graph.key() for node in nodes for item in expand(node, 3, 4, None)]
     assert len(sent) == len(set(sent))  # a repeat is not sent again
     assert set(sent) == set(here)  # and nothing else is left out
     assert len(sent) < len(here)  # (the siblings' children do repeat one another)
+
+
+def test_children_refused_at_the_ceiling_travel_packed_and_the_walk_is_the_same_when_it_rises(monkeypatch):
+    # A ceiling just above the seed refuses most children (their FLOPs grow); it rises past them all
+    # at child 150, so children packed by the processes before that must be unpacked and handed out.
+    step = {"k": 0}
+    low = LIMITS.flops(SEED) * 1.02
+
+    def ceiling() -> float:
+        return low if step["k"] < 150 else float("inf")
+
+    def accept(graph) -> bool:
+        return LIMITS.admits(graph) and LIMITS.flops(graph) <= ceiling()
+
+    def walk(expander) -> list[tuple[str, tuple]]:
+        step["k"] = 0
+        startup = StartupChildren(SEED, 4, 3, LIMITS, accept, 3, expander, ceiling)
+        out = []
+        for step["k"] in range(400):
+            grown = startup.next(lambda key: False)
+            if grown is None:
+                break
+            out.append((grown[0].key(), grown[1]))
+        return out
+
+    counts = {"refused": 0, "unpacked": 0}
+    refused, unpack = Packed.refused, Packed.unpack
+
+    def counting_refused(self, at):
+        answer = refused(self, at)
+        counts["refused"] += answer
+        return answer
+
+    def counting_unpack(self):
+        counts["unpacked"] += 1
+        return unpack(self)
+
+    monkeypatch.setattr(Packed, "refused", counting_refused)
+    monkeypatch.setattr(Packed, "unpack", counting_unpack)
+    here = walk(None)
+    assert counts == {"refused": 0, "unpacked": 0}  # nothing is packed in this process
+    pool = ExpandPool(2, LIMITS)
+    try:
+        assert walk(pool) == here
+    finally:
+        pool.close()
+    assert counts["refused"] > 50 and counts["unpacked"] > 50  # both paths were taken
+    assert len(here) == 400 and len({key for key, _ in here}) == 400
+
+
+def test_a_packed_child_is_the_child_and_the_limits_verdict_decides_before_the_ceiling():
+    from nas.expand_pool import expand_unsent
+    from nas.startup import expand
+
+    ceiling = sorted(item.flops for item in expand(SEED, 3, 7, LIMITS))[20]
+    items = expand_unsent(SEED, 3, 7, LIMITS, ceiling)  # the children at most ``ceiling`` and within the limits whole
+    packed = [item for item in items if isinstance(item, Packed)]
+    whole = [item for item in items if isinstance(item, Expanded)]
+    assert len(packed) > 10 and len(whole) > 10
+    assert all(item.flops <= ceiling and not item.verdict for item in whole)
+    for item in packed:
+        child = item.unpack()
+        assert child.graph.key() == item.key and child.verdict == item.verdict and child.flops == item.flops
+        assert item.refused(ceiling)
+        assert item.refused(float("inf")) == bool(item.verdict)

@@ -97,3 +97,29 @@ def test_seeds_train_similar_sizes_under_a_schedule():
     assert max(scheduled) - min(scheduled) < math.log(1.3)
     centre = np.mean([math.log(schedule.centre(k / 60)) for k in range(60)])
     assert abs(np.mean(scheduled) - centre) < math.log(1.6), "sizes follow the band's centre"
+
+
+@pytest.mark.parametrize("schedule", [None, SizeSchedule(START, 16 * START, 2.0)])
+def test_the_search_refuses_a_graph_within_the_limits_exactly_when_its_flops_exceed_its_ceiling(schedule):
+    # The start-up expansion processes leave children above this ceiling pickled (nas.startup.Packed):
+    # the master must refuse exactly what it says, at every progress, or the walk would change.
+    from nas.startup import expand
+
+    graphs = [item.graph for item in expand(SEED, 3, 1, None)]
+    graphs += [item.graph for g in graphs[:6] for item in expand(g, 3, 1, None)]
+    largest = sorted(_flops(g) for g in graphs)[-len(graphs) // 20]  # one in twenty is over the limits
+    limits = Limits(max_layers=30, max_params=2_000_000, max_flops_per_image=largest, flops_fn=_flops)
+    search = AutoMLSearch(SearchSettings(seed=1), SEED, limits, schedule)
+    outcomes = set()
+    for progress in (0.0, 0.05, 0.3, 1.0):
+        search.at(progress)
+        for graph in graphs:
+            within = not limits.reason(graph)
+            expected = within and limits.flops(graph) <= search._flops_ceiling()
+            assert search._admits_now(graph) == expected
+            outcomes.add((within, expected))
+    assert (True, True) in outcomes and (False, False) in outcomes
+    if schedule is not None:
+        assert (True, False) in outcomes  # within the limits but above the band
+    else:
+        assert search._flops_ceiling() == math.inf
