@@ -22,7 +22,6 @@ names those that do not answer within ``FINAL_ANSWER_S``.
 
 from __future__ import annotations
 
-import bisect
 import functools
 import itertools
 import logging
@@ -30,6 +29,8 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
+
+from sortedcontainers import SortedList
 
 from aiperf.cluster.messages import EventKind, StoredWeights, TrialMessage
 from aiperf.cluster.node_agent import NodeAgent, SlotLost
@@ -161,12 +162,16 @@ class FreeWorkers:
     costs ``O(workers log workers)`` per iteration at thousands of workers. Instead a pool
     calls :meth:`update` whenever a worker's queue (or readiness) changes, with the worker's
     *group* -- a sortable tuple such as ``(queue length,)``, or None when it is not free --
-    and each group keeps its workers sorted by id.
+    and each group keeps its workers sorted by id, in a ``SortedList``: a plain sorted list
+    moves every worker behind the one it removes, and the start-up fill removes the first of
+    all idle workers once per worker, quadratic in the workers (65,536: 0.38 s in isolation
+    against 0.07 s; benchmarks/RESULTS.md, "The start-up fill without the collector, refused
+    children packed").
     """
 
     def __init__(self) -> None:
         self._group_of: dict[str, tuple] = {}
-        self._groups: dict[tuple, list[str]] = {}
+        self._groups: dict[tuple, SortedList] = {}
 
     def update(self, worker: str, group: tuple | None) -> None:
         old = self._group_of.get(worker)
@@ -174,12 +179,15 @@ class FreeWorkers:
             return
         if old is not None:
             members = self._groups[old]
-            del members[bisect.bisect_left(members, worker)]
+            members.remove(worker)
             if not members:
                 del self._groups[old]
             del self._group_of[worker]
         if group is not None:
-            bisect.insort(self._groups.setdefault(group, []), worker)
+            joined = self._groups.get(group)
+            if joined is None:
+                joined = self._groups[group] = SortedList()
+            joined.add(worker)
             self._group_of[worker] = group
 
     def ordered(self) -> list[str]:
