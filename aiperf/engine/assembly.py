@@ -26,6 +26,7 @@ from aiperf.record.schema import (
     ConfigHeader,
     DatasetHeader,
     PlanHeader,
+    Record,
     ResumeRecord,
     RulesHeader,
     RunStartRecord,
@@ -174,9 +175,10 @@ def open_session(
 
     resumed = header if isinstance(header, ResumePoint) else None
     ledger = LedgerWriter(run_dir, clock_offset=resumed.clock_offset if resumed else 0.0)
+    written: list[Record] | None = None  # the ledger's records, when this session wrote them all
     if resumed is None:
         assert isinstance(header, RunStartRecord)
-        ledger.append(header)
+        written = [ledger.append(header)]
     else:
         ledger.append(
             ResumeRecord(
@@ -198,7 +200,7 @@ def open_session(
                 )
             )
             proposer.forget(trial)
-    attach_mllog(run_dir, ledger)
+    attach_mllog(run_dir, ledger, written)
     master = Master(
         MasterSettings.from_config(cfg, dataset_images=dataset_images),
         proposer,

@@ -110,6 +110,11 @@ class LedgerWriter:
         self.broken: LedgerWriteError | None = None
         self._slow_sync_warned = -math.inf
 
+    @property
+    def next_seq(self) -> int:
+        """The seq the next record gets: how many records the ledger holds."""
+        return self._seq
+
     def subscribe(self, callback: Callable[[Record], None]) -> None:
         """Call ``callback(record)`` after each record is durably written (e.g. the MLPerf-style log)."""
         self._subscribers.append(callback)

@@ -29,7 +29,7 @@ and was then resumed is logged as ``aiperf_session_stop``: only the run's last e
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -395,7 +395,7 @@ def _complete_lines(path: Path) -> tuple[list[str], int]:
     return data[:end].decode(errors="replace").splitlines(), end
 
 
-def attach(run_dir: str | Path, ledger: LedgerWriter) -> MLLogWriter:
+def attach(run_dir: str | Path, ledger: LedgerWriter, written: Sequence[Record] | None = None) -> MLLogWriter:
     """Bring ``mllog.txt`` up to date with the ledger so far, then follow it record by record.
 
     The run header is written before observers attach, and a resumed run already has a log:
@@ -403,10 +403,15 @@ def attach(run_dir: str | Path, ledger: LedgerWriter) -> MLLogWriter:
     appended. Where the log departs from what the ledger gives (edited by hand, or the end of a
     session that has since been resumed) it is rewritten from there, from the ledger, which is
     the authority. Everything logged comes from the ledger itself.
+
+    ``written``: every record the ledger holds, as :meth:`LedgerWriter.append` returned them (a
+    new run: its header), so they need not be read back -- at 65,536 workers parsing the header
+    again took a second of the master's start, while every worker waited. Ignored unless the
+    ledger holds exactly that many records.
     """
     path = Path(run_dir) / MLLOG_NAME
     renderer = MLLogRenderer()
-    records = read_ledger(run_dir)
+    records = list(written) if written is not None and len(written) == ledger.next_seq else read_ledger(run_dir)
     expected = [line for k, rec in enumerate(records) for line in renderer.lines(rec, _resumed(records, k))]
     have, _ = _complete_lines(path)
     keep = 0

@@ -150,13 +150,14 @@ def test_every_epoch_interval_is_opened_once_and_closed_once(sim_run):
 
 
 def _header(ledger, min_accuracy=0.5):
-    ledger.append(RunStartRecord(t=0.0, run_id="r", config={"run": {"seed": 3}}, rules={"min_accuracy": min_accuracy},
-                                 dataset={"name": "d", "train_images": 10, "eval_images": 5},
-                                 plan={"nodes": [{"gpus": 4, "cpus": 32, "accelerator": "H100"}] * 2}))  # fmt: skip
+    header = RunStartRecord(t=0.0, run_id="r", config={"run": {"seed": 3}}, rules={"min_accuracy": min_accuracy},
+                            dataset={"name": "d", "train_images": 10, "eval_images": 5},
+                            plan={"nodes": [{"gpus": 4, "cpus": 32, "accelerator": "H100"}] * 2})  # fmt: skip
+    return ledger.append(header)
 
 
 def _trial_start(ledger, attempt=0, start_epoch=0):
-    ledger.append(TrialStartRecord(trial="t00000", kind="seed", attempt=attempt, start_epoch=start_epoch,
+    return ledger.append(TrialStartRecord(trial="t00000", kind="seed", attempt=attempt, start_epoch=start_epoch,
                                    hparams={"epochs": 2}, worker="w0", arch_id="a0", flops={"train_per_image": 1.0},
                                    params=10))  # fmt: skip
 
@@ -305,3 +306,31 @@ def test_custom_rules_are_labelled_in_the_log(tmp_path):
     event = next(e for e in _events(render(read_ledger(tmp_path))) if e["key"] == "aiperf_workload")
     assert event["value"] is None and event["metadata"]["label"] == "custom rules: not comparable"
     assert event["metadata"]["comparable"] is False
+
+
+def test_a_new_runs_log_from_the_header_it_wrote_is_the_log_read_back_from_the_ledger(tmp_path):
+    # A new run hands attach the header LedgerWriter.append returned, so a 65,536-worker header
+    # is not parsed again while every worker waits; the log must be the one the ledger gives.
+    given, read = tmp_path / "given", tmp_path / "read"
+    for run_dir, pass_header in ((given, True), (read, False)):
+        ledger = LedgerWriter(run_dir)
+        header = _header(ledger)
+        attach(run_dir, ledger, [header] if pass_header else None)
+        _trial_start(ledger)
+        _epoch(ledger, 1)
+        ledger.close()
+    for run_dir in (given, read):
+        assert (run_dir / MLLOG_NAME).read_text().splitlines() == render(read_ledger(run_dir))
+    strip = lambda text: [{k: v for k, v in parse(line).items() if k != "time_ms"} for line in text.splitlines()]  # noqa: E731
+    assert strip((given / MLLOG_NAME).read_text()) == strip((read / MLLOG_NAME).read_text())
+
+
+def test_records_said_to_be_the_ledgers_but_not_all_of_it_are_not_trusted(tmp_path):
+    ledger = LedgerWriter(tmp_path)
+    _header(ledger)
+    second = _trial_start(ledger)
+    attach(tmp_path, ledger, [second])  # one of two records: the ledger is read instead
+    ledger.close()
+    lines = (tmp_path / MLLOG_NAME).read_text().splitlines()
+    assert lines == render(read_ledger(tmp_path))
+    assert Counter(parse(line)["key"] for line in lines)["run_start"] == 1
