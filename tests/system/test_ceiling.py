@@ -69,3 +69,14 @@ def test_the_real_backend_measures_float32_and_bfloat16_on_this_cpu():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), timeout=120)
     assert out.stdout.split() == ["True", "True", "None", "None"], out.stderr[-2000:]
+
+
+def test_the_first_size_is_timed_even_when_its_warm_up_takes_the_whole_budget():
+    # CI once measured no size at all: on a busy box the first warm-up took over half its share.
+    from aiperf.system.ceiling import _rate_at
+
+    ops = _numpy_keras().ops
+    a = b = np.ones((32, 32), dtype=np.float32)
+    assert _rate_at(ops, a, b, 32, 1e-9) is None  # a later size out of time is left out
+    rate = _rate_at(ops, a, b, 32, 1e-9, first=True)
+    assert rate is not None and rate.n == 32 and rate.reps >= 1 and rate.flops_per_s > 0
