@@ -36,7 +36,7 @@ from typing import Any
 
 from nas.graph import Graph
 from nas.limits import Limits
-from nas.startup import LOOKAHEAD_PER_PROCESS, Expanded, Packed, expand
+from nas.startup import LOOKAHEAD_PER_PROCESS, Expanded, Packed, expand, refused
 
 logger = logging.getLogger(__name__)
 MAX_PROCESSES = 256
@@ -69,8 +69,7 @@ def expand_unsent(graph: Graph, kernel: int, seed: int, limits: Limits, ceiling:
         key = item.graph.key()
         if key not in _SENT:
             _SENT.add(key)
-            refused = item.verdict or (item.flops is not None and item.flops > ceiling)
-            out.append(Packed.of(item) if refused else item)
+            out.append(Packed.of(item) if refused(item.verdict, item.flops, ceiling) else item)
     return out
 
 

@@ -75,6 +75,11 @@ class Expanded:
     carried: Any = None  # the FLOPs counter's own record of the count (Limits.carry)
 
 
+def refused(verdict: str, flops: float | None, ceiling: float) -> bool:
+    """Whether a child with this limits ``verdict`` and count is refused at ``ceiling`` (the ceiling contract)."""
+    return bool(verdict) or (flops is not None and flops > ceiling)
+
+
 @dataclass(frozen=True)
 class Packed:
     """A child that the master would refuse as things stood when it was expanded, still pickled.
@@ -95,7 +100,7 @@ class Packed:
 
     def refused(self, ceiling: float) -> bool:
         """Whether an ``accept`` that keeps the ceiling contract (see :class:`StartupChildren`) refuses it."""
-        return bool(self.verdict) or (self.flops is not None and self.flops > ceiling)
+        return refused(self.verdict, self.flops, ceiling)
 
     def unpack(self) -> Expanded:
         item = pickle.loads(self.pickled)
