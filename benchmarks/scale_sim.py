@@ -322,12 +322,14 @@ def simulate(
         ],
     )
     window_s = window_s or trial_s
+    # A real run makes its search and writes its header before it creates its workers
+    # (aiperf/engine/run.py: make_search, run_start_record, then RayWorkerPool). The simulated
+    # workers are there from the clock's zero, so the clock starts where a real run's workers
+    # do: at the pool's creation. The header needs the pool's plan, so it is made after the pool
+    # here, with the clock held.
+    search = make_search(cfg, zoo.small_resnet((28, 28, 1), 10, width=cfg.model.width), 256, workers=workers)
     clock = HybridClock(cpu=cpu_clock)
-    proposer = TimedProposer(
-        make_search(cfg, zoo.small_resnet((28, 28, 1), 10, width=cfg.model.width), 256, workers=workers),
-        clock,
-        window_s,
-    )
+    proposer = TimedProposer(search, clock, window_s)
     pool = RecordingPool(
         workers,
         clock,
@@ -344,9 +346,10 @@ def simulate(
     # Assembled as every run is (run_start, the MLPerf-style log, the master from the config, run_stop).
     system = {"simulated": True, "workers": workers}
     dataset = DatasetHeader(name="simulated", train_images=50_000, eval_images=10_000)
-    header = run_start_record(
-        cfg, run_id=f"scale-{workers}", plan=pool.plan, dataset=dataset, system=system, backend="simulated", t=0.0
-    )
+    with clock.unseen():
+        header = run_start_record(
+            cfg, run_id=f"scale-{workers}", plan=pool.plan, dataset=dataset, system=system, backend="simulated", t=0.0
+        )
     weights = WeightStore(cfg.cluster.keep_weights)
     run = open_session(
         cfg, ledger_dir, header=header, plan=pool.plan, system=system, proposer=proposer, pool=pool, weights=weights,

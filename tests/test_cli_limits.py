@@ -195,6 +195,7 @@ def test_the_simulator_refuses_a_huge_cluster_before_allocating_it(monkeypatch, 
     from aiperf.cluster import sim_pool
     from aiperf.config import load_config
     from aiperf.engine.scaling import SimulationSettings, scaling_command, simulate_run
+    from nas import zoo
 
     class Allocated(Exception):
         pass
@@ -208,8 +209,9 @@ def test_the_simulator_refuses_a_huge_cluster_before_allocating_it(monkeypatch, 
         simulate_run(cfg, 100_000, tmp_path / "r", None, {})  # type: ignore[arg-type]
     with pytest.raises(AiperfError, match="more than the simulator's 131,072 workers"):
         simulate_run(cfg, 16_384, tmp_path / "r", None, {}, SimulationSettings(workers_per_node=9))  # type: ignore[arg-type]
+    seed = zoo.small_resnet((28, 28, 1), 10, width=8)  # the search is made before the workers, as in a real run
     with pytest.raises(Allocated) as allocated:  # the largest study passes the check
-        simulate_run(cfg, 16_384, tmp_path / "r", None, {"train_images": 1, "eval_images": 1})  # type: ignore[arg-type]
+        simulate_run(cfg, 16_384, tmp_path / "r", seed, {"train_images": 1, "eval_images": 1})
     assert allocated.value.args == (131_072, 16_384)
     with pytest.raises(AiperfError, match="--nodes must be from 1 to 16,384"):
         scaling_command([1, 99_999], simulate=True, config="smoke", overrides=[], address=None, output=str(tmp_path))

@@ -279,22 +279,22 @@ class SimulatedWorkerPool(WorkerPool):
         w = self._workers[worker]
         # Submitting costs a real master the serialisation of the call's arguments (Ray pickles
         # them with its cloudpickle, in the caller's thread): done here, on the master's clock.
-        # Reading the spec, finding the weights and the trial's learning curve are the worker's
-        # work and the simulator's: they do not pass on it.
+        # Reading the spec, finding the weights, the trial's learning curve and the events its
+        # worker will send are the worker's work and the simulator's: they do not pass on it.
         self._pickle((spec, parent_weights, resume_weights), protocol=5)
+        now = self.clock()
         with self.clock.unseen():
             task = self._task(worker, trial, attempt, spec, parent_weights, resume_weights)
-        now = self.clock()
-        task.start = max(now, w.free_at)
-        epochs = task.epochs - task.start_epoch
-        end = task.start + self.startup_s + epochs * task.epoch_s
+            task.start = max(now, w.free_at)
+            epochs = task.epochs - task.start_epoch
+            end = task.start + self.startup_s + epochs * task.epoch_s
+            self._push(task.start, "start", (worker, task, None))
+            for k in range(1, epochs + 1):
+                self._push(task.start + self.startup_s + k * task.epoch_s, "epoch", (worker, task, k))
+            self._push(end, "done", (worker, task, None))
         w.free_at = end
         w.queue.append(task)
         self._refresh_free(w)
-        self._push(task.start, "start", (worker, task, None))
-        for k in range(1, epochs + 1):
-            self._push(task.start + self.startup_s + k * task.epoch_s, "epoch", (worker, task, k))
-        self._push(end, "done", (worker, task, None))
 
     def _task(
         self, worker: str, trial: str, attempt: int, spec: dict[str, Any], parent_weights: Any, resume_weights: Any

@@ -93,6 +93,9 @@ def simulate_run(
             f"{limits.SIMULATED_WORKERS_MAX:,} workers"
         )
     batch = cfg.train.batch_size if isinstance(cfg.train.batch_size, int) else 64
+    # As a real run (aiperf/engine/run.py): the search is made and the header written before the
+    # workers exist, so neither counts on the simulated clock, which starts with the workers.
+    proposer = make_search(cfg, seed_graph, batch, workers=nodes * sim.workers_per_node)
     clock = HybridClock()
     pool = SimulatedWorkerPool(
         nodes * sim.workers_per_node,
@@ -104,7 +107,6 @@ def simulate_run(
         images=(int(dataset["train_images"]), int(dataset["eval_images"])),
         batch_size=batch,
     )
-    proposer = make_search(cfg, seed_graph, batch, workers=nodes * sim.workers_per_node)
     system = {
         "simulated": True,
         "nodes": nodes,
@@ -113,16 +115,17 @@ def simulate_run(
         "startup_s": sim.startup_s,
     }
     run_dir = Path(run_dir)
-    header = run_start_record(
-        cfg,
-        run_id=run_dir.name,
-        plan=pool.plan,
-        dataset=DatasetHeader(**dataset),
-        system=system,
-        backend="simulated",
-        seed_graph=seed_graph,
-        t=0.0,
-    )
+    with clock.unseen():  # made after the pool only because it records the pool's plan
+        header = run_start_record(
+            cfg,
+            run_id=run_dir.name,
+            plan=pool.plan,
+            dataset=DatasetHeader(**dataset),
+            system=system,
+            backend="simulated",
+            seed_graph=seed_graph,
+            t=0.0,
+        )
     run = open_session(
         cfg,
         run_dir,

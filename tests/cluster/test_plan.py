@@ -186,6 +186,19 @@ def test_plan_is_recorded_and_printed():
     assert "note: node login: CPU-only node in a GPU cluster" in text
 
 
+def test_the_recorded_plan_is_every_field_of_the_plan_and_a_copy_of_it():
+    # to_dict is written out for speed (65,536 slots): it must still hold every field, as asdict would.
+    import dataclasses
+
+    plan = plan_for([node("login", 16, head=True), node("dgx", 64, 8), node("cpu", 32)])
+    data = plan.to_dict()
+    assert data == {**dataclasses.asdict(plan), "concurrency": plan.concurrency}
+    assert [type(s) for s in data["slots"]] == [dict] * plan.concurrency
+    data["nodes"][0]["cpus"] = -1
+    data["notes"].append("changed")
+    assert plan.nodes[0]["cpus"] != -1 and "changed" not in plan.notes  # the record does not alias the plan
+
+
 def test_discovery_records_from_ray_and_probe():
     raw = {
         "NodeID": "abc123",

@@ -62,3 +62,33 @@ def test_the_start_up_measurement_ends_when_every_worker_has_its_first_trial(tmp
     assert result.first_trial_all_busy_s is not None and result.epochs == 0
     assert 64 <= result.trials_started < 128  # the first trial of every worker (and those held for a worker)
     assert result.run_s < 600.0  # long before any trial ends
+
+
+def _slowed(fn, seconds: float):
+    def slow(*args, **kwargs):
+        time.sleep(seconds)
+        return fn(*args, **kwargs)
+
+    return slow
+
+
+def test_the_scale_simulation_s_workers_do_not_wait_for_what_a_real_run_does_before_they_exist(tmp_path, monkeypatch):
+    """A real run makes its search and its header before its workers (engine/run.py): neither is their idle time."""
+    import scale_sim
+
+    monkeypatch.setattr(scale_sim, "make_search", _slowed(scale_sim.make_search, 2.0))
+    monkeypatch.setattr(scale_sim, "run_start_record", _slowed(scale_sim.run_start_record, 2.0))
+    result = scale_sim.simulate(64, 600.0, 5, 3.0, 0, tmp_path, startup_only=True)
+    assert result.first_trial_all_busy_s is not None and result.first_trial_all_busy_s < 2.0
+
+
+def test_a_simulated_study_s_workers_do_not_wait_for_its_search_or_header(tmp_path, monkeypatch):
+    from aiperf.engine import assembly, search
+    from aiperf.record.ledger import read_raw_ledger
+    from tests.helpers import simulated_run
+
+    monkeypatch.setattr(search, "make_search", _slowed(search.make_search, 2.0))
+    monkeypatch.setattr(assembly, "run_start_record", _slowed(assembly.run_start_record, 2.0))
+    records = read_raw_ledger(simulated_run(tmp_path / "run"))
+    starts = [r["t"] for r in records if r["type"] == "trial_start"]
+    assert starts and min(starts) < 2.0
