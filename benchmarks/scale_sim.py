@@ -31,6 +31,9 @@ proposal is what lets one master run for hours.
 ``--startup-only`` ends the run once every worker has its first trial (``all_busy`` is the start-up;
 the run length still paces the size schedule, so keep the length whose start-up you mean), and
 ``--cpu-clock`` lets the master's CPU seconds, not its real seconds, flow into simulated time.
+Each submission costs the master's clock the serialisation of its arguments, done as Ray does it,
+and ``--ray-call-us`` for the rest of Ray's remote call (measured with benchmarks/submit_cost.py;
+0 leaves it out, as every run before 2026-11-27 22:30 UTC did).
 
 Run it on an otherwise idle core: every real second the master loses to other processes
 counts against it, exactly as it would on a head node (the CPU columns do not depend on that),
@@ -70,6 +73,10 @@ from nas.graph import Graph
 from nas.proposer import Proposer, TrialProposal
 
 WORKERS_PER_NODE = 8  # eight accelerators per node, one trial each
+# What Ray's remote call costs the submitting thread beyond serialising the arguments: a streaming
+# call to an actor took 125-170 us of the calling thread's CPU, 9 us of it serialising the spec
+# (benchmarks/submit_cost.py, 2-vCPU VM, three runs, 2026-11-27); the lowest, less the serialisation.
+RAY_CALL_US = 116.0
 
 
 def bump_accuracy(seed: int) -> Callable[[TrialSpec], tuple[float, ...]]:
@@ -308,6 +315,7 @@ def simulate(
     startup_only: bool = False,
     weights_on_nodes: bool = True,
     processes: str = "0",
+    ray_call_us: float = RAY_CALL_US,
 ) -> ScaleResult:
     budget = trial_s * trials_per_worker
     cfg = load_config(
@@ -342,6 +350,7 @@ def simulate(
         images=(50_000, 10_000),
         accuracy_fn=bump_accuracy(seed) if reward == "bump" else default_accuracy,
         weights_on_nodes=weights_on_nodes,
+        call_s=ray_call_us * 1e-6,
     )
     # Assembled as every run is (run_start, the MLPerf-style log, the master from the config, run_stop).
     system = {"simulated": True, "workers": workers}
@@ -449,6 +458,13 @@ def main(argv: list[str] | None = None) -> int:
         help="trials report their weights as references on their node, as Ray workers do (the master holds one per"
         " running trial); --no-weights-on-nodes: as arrays (empty ones here)",
     )
+    p.add_argument(
+        "--ray-call-us",
+        type=float,
+        default=RAY_CALL_US,
+        help="what Ray's remote call costs the master's thread per submission beyond serialising it, charged to its"
+        f" clock (default {RAY_CALL_US:g}: measured by benchmarks/submit_cost.py; 0: the serialisation alone)",
+    )
     p.add_argument("--profile", type=int, default=0, metavar="N", help="cProfile the largest run; print N rows")
     p.add_argument("--ledger-dir", default=None, help="where the ledgers go (default: a temporary directory)")
     p.add_argument("--json", default=None, help="also write the results here")
@@ -466,12 +482,15 @@ def main(argv: list[str] | None = None) -> int:
         help="simulated accuracy: grows with depth, or peaks around one architecture (to compare search quality)",
     )
     args = p.parse_args(argv)
+    if not 0.0 <= args.ray_call_us <= 1e6:
+        p.error("--ray-call-us must be in [0, 1000000]")
     counts = [int(x) for x in args.workers.split(",") if x.strip()]
     base = Path(args.ledger_dir) if args.ledger_dir else Path(tempfile.mkdtemp(prefix="scale-sim-"))
     window_s = 60 * args.window_minutes if args.window_minutes else None
     print(
         f"scale_sim: {args.trial_minutes:g}-minute trials of {args.epochs} epochs, "
-        f"{args.trials_per_worker:g} trial lengths per run, ledgers in {base}",
+        f"{args.trials_per_worker:g} trial lengths per run, {args.ray_call_us:g} us of Ray's call charged a"
+        f" submission, ledgers in {base}",
         flush=True,
     )
     header = (
@@ -488,6 +507,7 @@ def main(argv: list[str] | None = None) -> int:
         r = simulate(
             n, 60 * args.trial_minutes, args.epochs, args.trials_per_worker, args.seed, base / f"w{n}", window_s,
             args.batch, args.reward, args.cpu_clock, args.startup_only, args.weights_on_nodes, args.processes,
+            args.ray_call_us,
         )  # fmt: skip
         if profiler:
             profiler.disable()

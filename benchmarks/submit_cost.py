@@ -7,7 +7,9 @@ kept node documents (``NodeDoc``, a dict subclass) as it sent them before 2026-1
 
     PYTHONPATH=. python benchmarks/submit_cost.py [--calls 3000]
 
-Starts a one-CPU local Ray (loopback only) and stops it; results in benchmarks/RESULTS.md.
+Then the submission as the pool makes it, a streaming-generator method of an actor, with the
+calling thread's CPU time apart from the wall time. Starts a one-CPU local Ray (loopback only)
+and stops it; results in benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -71,8 +73,38 @@ def main() -> None:
             call_us = (time.perf_counter() - t0) / args.calls * 1e6  # the submissions only, not their execution
             ray.get(refs)
             print(f"{name:<30} {serialise_us:>12.1f} {call_us:>14.1f}")
+        _actor_calls(ray, _spec(ImageFamily().arch_dict(graph)), args.calls)
     finally:
         ray.shutdown()
+
+
+def _actor_calls(ray: Any, spec: dict[str, Any], calls: int) -> None:
+    """A trial's submission as the pool makes it: a streaming-generator method of an actor.
+
+    Timed three ways per call: wall time, the calling thread's CPU time (what holds up the
+    master's fill loop, which submits from one thread) and the whole driver process's CPU time
+    (Ray's own threads beside it, which a head node with spare cores runs in parallel).
+    """
+
+    @ray.remote
+    class Runner:
+        def run_trial(self, spec: dict[str, Any], parent: Any, resume: Any) -> Any:
+            yield len(spec)
+
+    runner = Runner.remote()
+    gens = [runner.run_trial.remote(spec, None, None) for _ in range(min(300, calls))]  # warm the actor
+    for gen in gens:
+        ray.get(next(gen))
+    wall0, thread0, process0 = time.perf_counter(), time.thread_time(), time.process_time()
+    gens = [runner.run_trial.remote(spec, None, None) for _ in range(calls)]
+    wall, thread = time.perf_counter() - wall0, time.thread_time() - thread0
+    process = time.process_time() - process0
+    for gen in gens:
+        ray.get(next(gen))
+    print(
+        f"actor streaming call (plain dicts): wall {wall / calls * 1e6:.1f} us, calling thread's CPU"
+        f" {thread / calls * 1e6:.1f} us, driver process's CPU {process / calls * 1e6:.1f} us a call"
+    )
 
 
 if __name__ == "__main__":

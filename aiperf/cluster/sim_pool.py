@@ -80,6 +80,11 @@ class HybridClock:
         if t > now:
             self._jumped += t - now
 
+    def spend(self, seconds: float) -> None:
+        """The master is busy ``seconds`` more than it measured: a cost modelled by its size, not done."""
+        if self._frozen is None and seconds > 0:
+            self._jumped += seconds
+
 
 @dataclass
 class _SimTask:
@@ -149,10 +154,17 @@ class SimulatedWorkerPool(WorkerPool):
         device_ops_per_s: float | None = None,
         fail_start: Callable[[str], str | None] | None = None,
         weights_on_nodes: bool = False,
+        call_s: float = 0.0,
     ) -> None:
         """``weights_on_nodes``: trials report their weights as references on their node, as Ray workers do
-        (:mod:`aiperf.cluster.node_weights`), and a node killed by :meth:`kill_node_at` takes its sets with it."""
+        (:mod:`aiperf.cluster.node_weights`), and a node killed by :meth:`kill_node_at` takes its sets with it.
+
+        ``call_s``: what Ray's remote call costs the submitting thread beyond serialising its arguments
+        (which :meth:`submit` does for real), charged to the master's clock on every submission."""
+        if not 0.0 <= call_s <= 1.0:
+            raise ValueError(f"call_s must be in [0, 1] seconds, got {call_s!r}")
         self.clock = clock
+        self.call_s = call_s
         with clock.unseen():  # importing Ray is the simulator's cost, not the master's
             self._pickle = ray_pickler()
         self.weights_on_nodes = weights_on_nodes
@@ -282,6 +294,7 @@ class SimulatedWorkerPool(WorkerPool):
         # Reading the spec, finding the weights, the trial's learning curve and the events its
         # worker will send are the worker's work and the simulator's: they do not pass on it.
         self._pickle((spec, parent_weights, resume_weights), protocol=5)
+        self.clock.spend(self.call_s)
         now = self.clock()
         with self.clock.unseen():
             task = self._task(worker, trial, attempt, spec, parent_weights, resume_weights)

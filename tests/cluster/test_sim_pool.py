@@ -6,6 +6,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from aiperf.cluster.sim_pool import HybridClock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -92,3 +94,19 @@ def test_a_simulated_study_s_workers_do_not_wait_for_its_search_or_header(tmp_pa
     records = read_raw_ledger(simulated_run(tmp_path / "run"))
     starts = [r["t"] for r in records if r["type"] == "trial_start"]
     assert starts and min(starts) < 2.0
+
+
+def test_ray_s_remote_call_is_charged_to_the_master_on_every_submission():
+    from aiperf.cluster.sim_pool import SimulatedWorkerPool, learning_curve
+    from aiperf.training.trial import TrialSpec
+
+    spec = TrialSpec(trial_id="t1", kind="seed", graph={}, hparams={"batch_size": 32, "epochs": 2}, seed=1).to_dict()
+    for call_s, low, high in ((0.0, 0.0, 0.2), (0.5, 1.0, 1.2)):
+        clock = HybridClock(cpu=True)
+        pool = SimulatedWorkerPool(2, clock, epoch_s=10.0, call_s=call_s, accuracy_fn=lambda s: learning_curve(0.9, s))
+        before = clock()
+        pool.submit("w00000", "t1", 0, spec)
+        pool.submit("w00001", "t2", 0, {**spec, "trial_id": "t2"})
+        assert low <= clock() - before < high
+    with pytest.raises(ValueError, match="call_s"):
+        SimulatedWorkerPool(1, HybridClock(), call_s=-1.0)
