@@ -8,8 +8,10 @@ kept node documents (``NodeDoc``, a dict subclass) as it sent them before 2026-1
     PYTHONPATH=. python benchmarks/submit_cost.py [--calls 3000]
 
 Then the submission as the pool makes it, a streaming-generator method of an actor, with the
-calling thread's CPU time apart from the wall time. Starts a one-CPU local Ray (loopback only)
-and stops it; results in benchmarks/RESULTS.md.
+calling thread's CPU time apart from the wall time; and one call carrying ``--batch`` trials'
+specs (as a node agent taking its node's trials in one call would), set against as many single
+calls. Starts a one-CPU local Ray (loopback only) and stops it; results in
+benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -42,9 +44,12 @@ def _spec(graph: dict[str, Any]) -> dict[str, Any]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--calls", type=int, default=3000, help="serialisations and remote calls timed per kind of spec")
+    p.add_argument("--batch", type=int, default=8, help="trials one batched call carries (a node's accelerators)")
     args = p.parse_args()
     if not 10 <= args.calls <= 1_000_000:
         p.error("--calls must be in [10, 1000000]")
+    if not 1 <= args.batch <= 1024:
+        p.error("--batch must be in [1, 1024]")
 
     import ray
 
@@ -73,23 +78,28 @@ def main() -> None:
             call_us = (time.perf_counter() - t0) / args.calls * 1e6  # the submissions only, not their execution
             ray.get(refs)
             print(f"{name:<30} {serialise_us:>12.1f} {call_us:>14.1f}")
-        _actor_calls(ray, _spec(ImageFamily().arch_dict(graph)), args.calls)
+        _actor_calls(ray, _spec(ImageFamily().arch_dict(graph)), args.calls, args.batch)
     finally:
         ray.shutdown()
 
 
-def _actor_calls(ray: Any, spec: dict[str, Any], calls: int) -> None:
+def _actor_calls(ray: Any, spec: dict[str, Any], calls: int, batch: int) -> None:
     """A trial's submission as the pool makes it: a streaming-generator method of an actor.
 
     Timed three ways per call: wall time, the calling thread's CPU time (what holds up the
     master's fill loop, which submits from one thread) and the whole driver process's CPU time
-    (Ray's own threads beside it, which a head node with spare cores runs in parallel).
+    (Ray's own threads beside it, which a head node with spare cores runs in parallel). Then
+    the same trials submitted ``batch`` to a call, as a node agent could take them.
     """
 
     @ray.remote
     class Runner:
         def run_trial(self, spec: dict[str, Any], parent: Any, resume: Any) -> Any:
             yield len(spec)
+
+        def run_trials(self, items: list[tuple[int, dict[str, Any], Any, Any]]) -> Any:
+            for index, _spec, _parent, _resume in items:
+                yield index
 
     runner = Runner.remote()
     gens = [runner.run_trial.remote(spec, None, None) for _ in range(min(300, calls))]  # warm the actor
@@ -104,6 +114,20 @@ def _actor_calls(ray: Any, spec: dict[str, Any], calls: int) -> None:
     print(
         f"actor streaming call (plain dicts): wall {wall / calls * 1e6:.1f} us, calling thread's CPU"
         f" {thread / calls * 1e6:.1f} us, driver process's CPU {process / calls * 1e6:.1f} us a call"
+    )
+    rounds = max(1, calls // batch)
+    items = [(k, spec, None, None) for k in range(batch)]
+    wall0, thread0, process0 = time.perf_counter(), time.thread_time(), time.process_time()
+    gens = [runner.run_trials.remote(items) for _ in range(rounds)]
+    wall, thread = time.perf_counter() - wall0, time.thread_time() - thread0
+    process = time.process_time() - process0
+    for gen in gens:
+        ray.get(next(gen))
+    trials = rounds * batch
+    print(
+        f"one call carrying {batch} trials: wall {wall / rounds * 1e6:.1f} us, calling thread's CPU"
+        f" {thread / rounds * 1e6:.1f} us a call, {thread / trials * 1e6:.1f} us a trial;"
+        f" driver process's CPU {process / trials * 1e6:.1f} us a trial"
     )
 
 

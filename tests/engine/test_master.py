@@ -161,7 +161,7 @@ def test_weights_left_on_a_node_that_dies_make_its_trials_start_over_and_its_chi
         epochs = [r.epoch for r in records if r.type == "epoch" and r.trial == rq.trial and r.attempt == rq.attempt]
         assert epochs == list(range(1, len(epochs) + 1))
     # Children of parents that completed on the dead node train from scratch, and the parent is dropped.
-    orphans = [r for r in starts if r.weights_lost and "parent's weights" in r.weights_lost]
+    orphans = [r for r in starts if r.weights_lost and "lost the parent's weights" in r.weights_lost]
     assert orphans and all(r.inherit is None for r in orphans)
     lost_parents = {r.parent for r in orphans if r.kind == "arch"}
     after = min(r.t for r in orphans)
