@@ -163,10 +163,8 @@ class RecordingPool(SimulatedWorkerPool):
             self.last_samples.popleft()
         return super().wait(timeout)
 
-    def submit(self, worker: str, trial: str, attempt: int, spec: dict[str, Any], *rest: Any) -> None:
-        super().submit(worker, trial, attempt, spec, *rest)
-        w = self._workers[worker]
-        self.intervals.setdefault(worker, []).append((w.queue[-1].start, w.free_at))
+    def _sent(self, w: Any, task: Any) -> None:
+        self.intervals.setdefault(w.worker_id, []).append((task.start, w.free_at))
         if self.on_all_busy is not None and len(self.intervals) == len(self._workers):
             self.on_all_busy()
             self.on_all_busy = None
@@ -316,6 +314,7 @@ def simulate(
     weights_on_nodes: bool = True,
     processes: str = "0",
     ray_call_us: float = RAY_CALL_US,
+    actors: str = "per_node",
 ) -> ScaleResult:
     budget = trial_s * trials_per_worker
     cfg = load_config(
@@ -327,6 +326,7 @@ def simulate(
             f"run.time_budget_s={budget}",
             f"search.batch={batch}",
             f"search.processes={processes}",
+            f"cluster.actors={actors}",
         ],
     )
     window_s = window_s or trial_s
@@ -351,6 +351,7 @@ def simulate(
         accuracy_fn=bump_accuracy(seed) if reward == "bump" else default_accuracy,
         weights_on_nodes=weights_on_nodes,
         call_s=ray_call_us * 1e-6,
+        per_node=actors == "per_node",
     )
     # Assembled as every run is (run_start, the MLPerf-style log, the master from the config, run_stop).
     system = {"simulated": True, "workers": workers}
@@ -465,6 +466,13 @@ def main(argv: list[str] | None = None) -> int:
         help="what Ray's remote call costs the master's thread per submission beyond serialising it, charged to its"
         f" clock (default {RAY_CALL_US:g}: measured by benchmarks/submit_cost.py; 0: the serialisation alone)",
     )
+    p.add_argument(
+        "--actors",
+        choices=("per_node", "per_worker"),
+        default="per_node",
+        help="cluster.actors: one node agent per node, whose trials submitted in a row share one Ray call (the"
+        " default here: how a machine of thousands of nodes is run), or one actor per worker, a call per trial",
+    )
     p.add_argument("--profile", type=int, default=0, metavar="N", help="cProfile the largest run; print N rows")
     p.add_argument("--ledger-dir", default=None, help="where the ledgers go (default: a temporary directory)")
     p.add_argument("--json", default=None, help="also write the results here")
@@ -490,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"scale_sim: {args.trial_minutes:g}-minute trials of {args.epochs} epochs, "
         f"{args.trials_per_worker:g} trial lengths per run, {args.ray_call_us:g} us of Ray's call charged a"
-        f" submission, ledgers in {base}",
+        f" call, actors {args.actors}, ledgers in {base}",
         flush=True,
     )
     header = (
@@ -507,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
         r = simulate(
             n, 60 * args.trial_minutes, args.epochs, args.trials_per_worker, args.seed, base / f"w{n}", window_s,
             args.batch, args.reward, args.cpu_clock, args.startup_only, args.weights_on_nodes, args.processes,
-            args.ray_call_us,
+            args.ray_call_us, args.actors,
         )  # fmt: skip
         if profiler:
             profiler.disable()

@@ -47,6 +47,17 @@ class StoredWeights:
     node: str
     owner: str
     nbytes: int
+    key: int | None = None  # set, with ``ref`` None, while the master has yet to take the reference from the keeper
+
+    @property
+    def pending(self) -> bool:
+        """Whether this set is named by its keeper's key only: the master must take its reference before using it.
+
+        A node agent's batched stream carries keys, not references (:meth:`WeightKeeper.hold
+        <aiperf.cluster.node_weights.WeightKeeper.hold>`): Ray 2.60 lost the count of references
+        nested in the items of a long-running streaming generator.
+        """
+        return self.ref is None and self.key is not None
 
     def describe(self) -> str:
         return f"{self.nbytes:,} bytes held by the {self.owner} on node {self.node[:16] or '(unknown)'}"
@@ -126,3 +137,18 @@ class TrialDone:
 
 
 TrialMessage = TrialStarted | EpochReport | BadImagesReport | TrialDone
+
+
+@dataclass(kw_only=True, slots=True)
+class TrialEnded:
+    """The end of one trial's messages in a node agent's batched stream, where its own stream would have ended.
+
+    A node agent runs the trials of one remote call in one stream
+    (:meth:`~aiperf.cluster.node_agent.NodeAgent.run_trials`), so a trial's failure cannot end the
+    stream as an exception: it ends the trial's share of it here. ``error`` is None when its
+    messages simply ran out (after ``done``); ``lost`` says the slot's process died (a lost
+    worker, not a failing trial).
+    """
+
+    error: str | None = None
+    lost: bool = False

@@ -9,10 +9,12 @@ one process per accelerator gives them: their own framework state and device.
 
 The agent fetches the weights a trial is sent and hands the arrays to the slot's process; each set
 the process sends back goes to the node's weight keeper (:mod:`aiperf.cluster.node_weights`), which
-owns it, as it does for workers that are actors of their own. So a node has two actors: its agent
-and its keeper.
+owns it, as it does for workers that are actors of their own; the agent's stream names it by the
+keeper's key and the master takes its reference from the keeper. So a node has two actors: its
+agent and its keeper.
 
-A slot's process that dies ends its trial's stream with :class:`SlotLost` -- the pool treats it
+The pool sends the trials it hands one agent's slots in a row as one call (:meth:`NodeAgent.run_trials`).
+A slot's process that dies ends its trial's share of that stream as lost -- the pool treats it
 as a lost worker, like a dead actor -- and the pool may start the slot again on the same agent.
 The master sees the same workers (``w0003``), the same events and the same records in both modes.
 """
@@ -24,13 +26,14 @@ import logging
 import math
 import multiprocessing
 import os
+import queue
 import threading
 import time
 from collections.abc import Generator
 from typing import Any
 
-from aiperf.cluster.messages import EpochReport, TrialDone, TrialMessage, TrialStarted
-from aiperf.cluster.node_weights import NodeStore, WeightSource, resolve_start
+from aiperf.cluster.messages import EpochReport, TrialDone, TrialEnded, TrialMessage, TrialStarted
+from aiperf.cluster.node_weights import NodeStore, StartWeights, WeightSource, resolve_start
 from aiperf.datasets.base import Dataset
 from aiperf.datasets.language import LanguageData
 from aiperf.errors import first_line
@@ -44,8 +47,18 @@ SLOT_STOP_S = 5.0  # how long a stopped slot's process gets to exit before it is
 SLOT_REAP_S = 1.0  # how long a slot's process whose pipe closed gets to be reaped before its exit code is read
 
 
+TrialRequest = tuple[int, str, dict[str, Any], WeightSource, WeightSource]  # slot key, worker id, spec, parent, resume
+
+
 class SlotLost(Exception):
     """A slot's worker process died (or was stopped) while the agent waited on it."""
+
+
+class TrialRaised(Exception):
+    """The trial raised in its slot's process; the message is the process's own ``Type: words``."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 def device_shares(gpus: list[float], ids: list[str]) -> list[list[str]]:
@@ -221,12 +234,65 @@ class NodeAgent:
                     raise SlotLost(f"slot {key} of this node agent is not running")
                 self._changed.wait(left)
 
-    def run_trial(
-        self, key: int, spec: dict[str, Any], parent: WeightSource = None, resume: WeightSource = None
-    ) -> Generator[TrialMessage, None, None]:
-        """Run a trial on slot ``key``: its weights fetched here, its messages relayed, its weight sets kept here."""
+    def run_trials(self, batch: list[TrialRequest]) -> Generator[tuple[int, TrialMessage | TrialEnded], None, None]:
+        """Run one remote call's trials, ``(slot key, worker id, spec, parent, resume)`` each; relay their messages.
+
+        The master sends the trials it hands this node's slots in a row as one call
+        (:mod:`aiperf.cluster.call_batch`). Each slot's trials run in order on a thread of its own
+        (waiting for the slot while it runs an earlier call's trial); the stream carries
+        ``(index in batch, message)`` and ends every trial's share with a :class:`TrialEnded` --
+        its failure, or that its slot's process died -- so one trial's end never ends its neighbours'.
+
+        The slots' threads only talk to their processes: every call into Ray -- fetching the
+        weights a trial is sent, handing each set it trains to the node's keeper -- is made here,
+        on the call's own thread, so a call's weights are fetched before any of its trials starts.
+
+        The stream carries no object reference: each set goes to the keeper under a key
+        (:meth:`~aiperf.cluster.node_weights.WeightKeeper.hold`) and the item carries the key; the
+        master takes the reference from the keeper. With references in the items (Ray 2.60), the
+        keeper sometimes freed a set the master held -- ``ReferenceCountingAssertionError`` when the
+        master collected it, in 7 of 9 runs of the two-node agent test
+        (tests/cluster/test_multinode.py) -- the class of fault of ray-project/ray issue 58080.
+        """
+        out: queue.SimpleQueue[tuple[int, TrialMessage | TrialEnded]] = queue.SimpleQueue()
+        by_slot: dict[int, list[tuple[int, str, StartWeights]]] = {}
+        for index, (key, worker_id, spec, parent, resume) in enumerate(batch):
+            try:
+                start = resolve_start(TrialSpec.from_dict(spec), parent, resume)
+            except Exception as exc:
+                out.put((index, TrialEnded(error=f"{type(exc).__name__}: {first_line(exc, 400)}")))
+                continue
+            by_slot.setdefault(key, []).append((index, worker_id, start))
+
+        def run_slot(key: int, trials: list[tuple[int, str, StartWeights]]) -> None:
+            for index, worker_id, start in trials:
+                try:
+                    for message in self._relay(key, worker_id, start):
+                        out.put((index, message))
+                    ended = TrialEnded()
+                except SlotLost as exc:
+                    ended = TrialEnded(error=f"SlotLost: {exc}", lost=True)
+                except TrialRaised as exc:
+                    ended = TrialEnded(error=str(exc))
+                except Exception as exc:
+                    ended = TrialEnded(error=f"{type(exc).__name__}: {first_line(exc, 400)}")
+                out.put((index, ended))
+
+        for key, trials in by_slot.items():
+            threading.Thread(target=run_slot, args=(key, trials), daemon=True, name=f"slot-{key}").start()
+        running = len(batch)
+        while running:
+            index, item = out.get()
+            if isinstance(item, (EpochReport, TrialDone)) and isinstance(item.weights, dict):
+                item.weights = self._store.hold(item.weights, batch[index][1])
+            running -= isinstance(item, TrialEnded)
+            yield index, item
+
+    def _relay(self, key: int, worker_id: str, start: StartWeights) -> Generator[TrialMessage, None, None]:
+        """Run a trial on slot ``key`` from the weights fetched for it; its messages as its process sends them."""
         slot = self._slot(key)
-        start = resolve_start(TrialSpec.from_dict(spec), parent, resume)
+        if slot.worker_id != worker_id:  # the worker was lost and its slot started again for another
+            raise SlotLost(f"worker {worker_id} is gone: its slot now runs worker {slot.worker_id}")
         with slot.lock:
             slot.send(("run", start.spec.to_dict(), start.parent, start.resume))
             while True:
@@ -234,13 +300,11 @@ class NodeAgent:
                 if kind == "end":
                     return
                 if kind == "error":
-                    raise RuntimeError(value)
+                    raise TrialRaised(value)
                 if kind == "stats":
                     continue
                 if isinstance(value, TrialStarted) and start.fallback:
                     value.weights_lost, value.inherited = start.fallback, start.inherited
-                elif isinstance(value, (EpochReport, TrialDone)) and isinstance(value.weights, dict):
-                    value.weights = self._store.store(value.weights, slot.worker_id)
                 yield value
 
     def alive(self, key: int) -> bool:

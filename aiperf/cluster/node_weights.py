@@ -18,7 +18,9 @@ the ledger's ``trial_start`` record (``weights_lost``, ``inherit``, ``start_epoc
 
 from __future__ import annotations
 
+import itertools
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -51,11 +53,41 @@ class WeightKeeper:
     holding its reference (the master), whatever happens to the worker that trained it.
     """
 
+    def __init__(self) -> None:
+        self._held: dict[int, Any] = {}  # sets put by :meth:`hold` and not yet taken, by key
+        self._keys = itertools.count()
+        self._lock = threading.Lock()  # the keeper is a threaded actor (several sets copied at once)
+
     def keep(self, weights: Weights) -> list[Any]:
         """Put ``weights`` in this node's object store; the reference comes back in a list, unresolved."""
         import ray
 
         return [ray.put(weights)]
+
+    def hold(self, weights: Weights) -> int:
+        """Put ``weights`` in this node's object store and keep the reference here; its key comes back.
+
+        For a node agent, whose batched stream must carry no reference (Ray 2.60 lost the count of
+        references nested in a long stream's items, and freed sets the master held): the master
+        takes the reference with :meth:`take`, as a call's return value, the way :meth:`keep`'s travel.
+        """
+        import ray
+
+        ref = ray.put(weights)
+        with self._lock:
+            key = next(self._keys)
+            self._held[key] = ref
+        return key
+
+    def take(self, keys: list[int]) -> list[Any]:
+        """The references held under ``keys``, handed over (None for a key not held); the keeper lets go of them."""
+        with self._lock:
+            return [self._held.pop(key, None) for key in keys]
+
+    def holding(self) -> int:
+        """How many sets wait to be taken (a master that lost a call's stream never takes its sets)."""
+        with self._lock:
+            return len(self._held)
 
     def alive(self) -> bool:
         return True
@@ -115,6 +147,25 @@ class NodeStore:
             self.keeper = None
         return stored
 
+    def hold(self, weights: Weights, worker: str) -> StoredWeights | Weights:
+        """Hand ``weights`` to the keeper under a key (:meth:`WeightKeeper.hold`); the arrays when it does not answer.
+
+        Without a keeper the set travels to the master as arrays: a reference the agent put itself
+        would have to cross its stream, which is what the key avoids.
+        """
+        if self.keeper is not None:
+            import ray
+
+            try:
+                key = ray.get(self.keeper.hold.remote(weights), timeout=KEEP_TIMEOUT_S)
+                return StoredWeights(
+                    ref=None, key=key, node=self.node, owner=KEEPER_OWNER, nbytes=weights_nbytes(weights)
+                )
+            except Exception as exc:  # the keeper died (its process, not the node): the master gets the arrays
+                logger.warning(f"worker {worker}: the node's weight keeper did not answer ({first_line(exc, 160)})")
+                self.keeper = None
+        return weights
+
 
 class WeightsLost(Exception):
     """A stored weight set that cannot be fetched (its node or owner is gone)."""
@@ -124,6 +175,8 @@ def fetch_weights(source: WeightSource, timeout: float = FETCH_TIMEOUT_S) -> Arr
     """The arrays of ``source``: as they are, or fetched from the node that holds them."""
     if not isinstance(source, StoredWeights):
         return source
+    if source.ref is None:  # the master could not take it from its keeper
+        raise WeightsLost(f"{source.describe()}: its keeper no longer held it")
     import ray
 
     try:

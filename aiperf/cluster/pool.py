@@ -3,7 +3,8 @@
 The master only sees :class:`WorkerPool`: which workers can take another trial, submit a
 trial to one, and wait for events (a trial started, an epoch completed, images were skipped,
 a trial finished or failed, a worker joined, could not start, or was lost).
-:class:`RayWorkerPool` implements it with Ray actors and streaming generators; tests and the
+:class:`RayWorkerPool` implements it with Ray actors and streaming generators (a node agent's
+trials submitted in a row share one call: :mod:`aiperf.cluster.call_batch`); tests and the
 scale simulator implement it in-process.
 
 A worker that cannot start (its backend does not import, its device does not set up, its
@@ -32,7 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 from sortedcontainers import SortedList
 
-from aiperf.cluster.messages import EventKind, StoredWeights, TrialMessage
+from aiperf.cluster.call_batch import CallBatcher
+from aiperf.cluster.messages import EventKind, StoredWeights, TrialEnded, TrialMessage
 from aiperf.cluster.node_agent import NodeAgent, SlotLost
 from aiperf.cluster.node_weights import WeightKeeper
 from aiperf.cluster.plan import Plan, Slot, make_plan
@@ -198,13 +200,40 @@ class FreeWorkers:
         return out
 
 
-@dataclass
+@dataclass(eq=False)
 class _Task:
+    """A trial submitted to a worker: its own stream (``gen``), or (None) a place in a node agent's call."""
+
     trial: str
     attempt: int
     worker: str
-    gen: Any
+    gen: Any = None  # the trial's stream, for a worker that is an actor of its own
     started: bool = False
+    # What arrived and is not yet taken: the trial does not run first on its worker yet, or its items
+    # wait behind a weight set whose reference the pool is taking from its node's keeper.
+    inbox: list[TrialMessage | TrialEnded] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class _Batch:
+    """One remote call to a node agent carrying trials for its slots; its stream carries ``(index, message)``."""
+
+    gen: Any
+    agent: _Agent
+    tasks: list[_Task]
+
+
+_Named = tuple[StoredWeights, "_Worker"]  # a set named by its keeper's key, and the worker whose trial named it
+
+
+@dataclass(eq=False)
+class _Take:
+    """One ``WeightKeeper.take`` call: the references of sets a node agent's stream named by key."""
+
+    ref: Any
+    sets: list[StoredWeights]
+    workers: list[_Worker]  # whose trials' items wait behind these sets
+    since: float = field(default_factory=time.monotonic)
 
 
 @dataclass(eq=False)
@@ -224,9 +253,6 @@ class _AgentSlot:
     agent: _Agent
     key: int
 
-    def run(self, spec: dict[str, Any], parent: Any, resume: Any) -> Any:
-        return self.agent.actor.run_trial.remote(self.key, spec, parent, resume)
-
     def alive(self) -> Any:
         return self.agent.actor.alive.remote(self.key)
 
@@ -236,6 +262,17 @@ class _AgentSlot:
     def stop(self) -> None:
         if self.agent.alive:
             self.agent.actor.stop.remote(self.key)  # not waited for: the agent stops the process on a thread of its own
+
+
+@dataclass
+class _Held:
+    """A submission to a node agent's worker, held until its batch is sent."""
+
+    worker: _Worker
+    task: _Task
+    spec: dict[str, Any]
+    parent: Any
+    resume: Any
 
 
 @dataclass
@@ -302,6 +339,10 @@ class RayWorkerPool(WorkerPool):
         self._start_attempts: dict[tuple[str, int], int] = {}
         self._pending_events: list[PoolEvent] = []
         self._free = FreeWorkers()
+        self._batcher: CallBatcher[_Agent, _Held] = CallBatcher()
+        self._batches: list[_Batch] = []  # node agents' calls whose streams have not ended
+        self._to_take: dict[str, list[_Named]] = {}  # by node: the sets this wait's items named by key
+        self._takes: dict[Any, _Take] = {}  # keeper calls in flight, by their result's reference
         self._watch = ControlPlaneWatch(resync_s=resync_s).start()
         self._start_workers(self._plan.slots)
 
@@ -485,14 +526,30 @@ class RayWorkerPool(WorkerPool):
         resume_weights: Any = None,
     ) -> None:
         w = self._workers[worker]
-        if w.agent is not None:
-            gen = w.agent.run(spec, parent_weights, resume_weights)
-        else:
-            gen = w.actor.run_trial.remote(spec, parent_weights, resume_weights)
+        task = _Task(trial, attempt, worker)
         if not w.tasks:  # its silence counts from now: an idle worker has nothing to say
             w.heard = time.monotonic()
-        w.tasks.append(_Task(trial, attempt, worker, gen))
+        w.tasks.append(task)
         self._refresh_free(w)
+        if w.agent is None:
+            task.gen = w.actor.run_trial.remote(spec, parent_weights, resume_weights)
+            return
+        for agent, held in self._batcher.add(w.agent.agent, _Held(w, task, spec, parent_weights, resume_weights)):
+            self._send(agent, held)
+
+    def _send(self, agent: _Agent, held: list[_Held]) -> None:
+        """Send a node agent the trials held for its slots, as one call; those of workers lost meanwhile are dropped."""
+        held = [h for h in held if h.worker.alive and _holds(h.worker, h.task)]
+        if not held:
+            return
+        requests = [(h.worker.slot.index, h.worker.worker_id, h.spec, h.parent, h.resume) for h in held]
+        gen = agent.actor.run_trials.remote(requests)
+        self._batches.append(_Batch(gen, agent, [h.task for h in held]))
+
+    def _flush(self) -> None:
+        """Send what the batcher holds: the pool is about to wait, or to stop."""
+        for agent, held in self._batcher.flush():
+            self._send(agent, held)
 
     def worker_info(self, worker: str) -> dict[str, Any]:
         return self._workers[worker].info
@@ -540,25 +597,33 @@ class RayWorkerPool(WorkerPool):
 
     def wait(self, timeout: float) -> list[PoolEvent]:
         ray = self._ray
+        self._flush()
         events, self._pending_events = self._pending_events, []
         events.extend(self._control_plane())
         events.extend(self._check_liveness())
         waitables: list[Any] = []
         owner: dict[Any, tuple[_Worker, _Task | None]] = {}
         pings: dict[Any, _Worker] = {}
+        batches: dict[Any, _Batch] = {}
         for w in self._workers.values():
             if not w.alive:
                 continue
             if not w.info:
                 waitables.append(w.info_ref)
                 owner[w.info_ref] = (w, None)
-            if w.tasks:  # only the running (first) task can produce output
+            if w.tasks and w.tasks[0].gen is not None:  # only the running (first) task can produce output
                 gen = w.tasks[0].gen
                 waitables.append(gen)
                 owner[gen] = (w, w.tasks[0])
             if w.ping is not None:
                 waitables.append(w.ping)
                 pings[w.ping] = w
+        self._batches = [b for b in self._batches if b.agent.alive]  # a dead agent's calls ended with its workers
+        for batch in self._batches:
+            waitables.append(batch.gen)
+            batches[batch.gen] = batch
+        events.extend(self._give_up_takes())
+        waitables.extend(self._takes)
         if not waitables:
             time.sleep(min(timeout, 0.05)) if not events else None
             return events
@@ -570,6 +635,12 @@ class RayWorkerPool(WorkerPool):
             if item in pings:
                 self._take_answer(pings[item], item)
                 continue
+            if item in batches:
+                events.extend(self._drain_batch(batches[item]))
+                continue
+            if item in self._takes:
+                events.extend(self._end_take(self._takes.pop(item)))
+                continue
             w, task = owner[item]
             w.heard = time.monotonic()
             if w.alive and not w.info:
@@ -578,6 +649,55 @@ class RayWorkerPool(WorkerPool):
                 events.extend(self._take_info(w))
             if task is not None and w.alive:
                 events.extend(self._drain(w, task))
+        events.extend(self._ask_keepers())
+        return events
+
+    def _ask_keepers(self) -> list[PoolEvent]:
+        """Take the references of the sets this wait's items named by key: one call per node's keeper."""
+        events: list[PoolEvent] = []
+        for node_id, named in self._to_take.items():
+            sets, workers = [s for s, _ in named], list({id(w): w for _, w in named}.values())
+            keeper = self._keepers.get(node_id)
+            if keeper is None:  # gone with its node
+                events.extend(self._end_take(_Take(None, sets, workers), "its node left the cluster"))
+                continue
+            ref = keeper.take.remote([s.key for s in sets])
+            self._takes[ref] = _Take(ref, sets, workers)
+        self._to_take.clear()
+        return events
+
+    def _end_take(self, take: _Take, failed: str = "") -> list[PoolEvent]:
+        """Fill in the taken references (a set its keeper did not give is lost); then move its trials on.
+
+        A lost set stays a :class:`StoredWeights` with no reference: a child of it, or an attempt
+        resuming from it, falls back as for any set whose node is gone (the ledger says so).
+        """
+        refs: list[Any] = [None] * len(take.sets)
+        if not failed:
+            try:
+                refs = self._ray.get(take.ref)
+            except Exception as exc:  # the keeper died (its node, or its process)
+                failed = _ray_cause(exc)
+        lost = 0
+        for stored, ref in zip(take.sets, refs, strict=True):
+            stored.ref, stored.key = ref, None
+            lost += ref is None
+        if lost:
+            why = f": {failed}" if failed else ""
+            logger.warning(f"{lost} weight set(s) could not be taken from node {take.sets[0].node[:16]}'s keeper{why}")
+        events: list[PoolEvent] = []
+        for w in take.workers:
+            events.extend(self._advance(w))
+        return events
+
+    def _give_up_takes(self) -> list[PoolEvent]:
+        """End the keeper calls unanswered for ``UNRESPONSIVE_S``: their sets are lost, their trials go on."""
+        now = time.monotonic()
+        events: list[PoolEvent] = []
+        for ref, take in list(self._takes.items()):
+            if now - take.since >= UNRESPONSIVE_S:
+                del self._takes[ref]
+                events.extend(self._end_take(take, f"its keeper answered nothing for {now - take.since:.0f} s"))
         return events
 
     def _control_plane(self) -> list[PoolEvent]:
@@ -629,6 +749,7 @@ class RayWorkerPool(WorkerPool):
         return True
 
     def unresponsive(self, wait_s: float) -> dict[str, str]:
+        self._flush()
         asked: dict[Any, _Worker] = {}
         for w in self._workers.values():
             if w.alive and w.info and w.tasks:
@@ -656,57 +777,131 @@ class RayWorkerPool(WorkerPool):
         return [PoolEvent(EventKind.READY, w.worker_id, data=w.info)]
 
     def _drain(self, w: _Worker, task: _Task) -> list[PoolEvent]:
-        """Take every ready item from a task's generator."""
+        """Take every ready item from the stream of a trial on a worker that is an actor of its own."""
         ray = self._ray
-        events = []
-        while True:
+        events: list[PoolEvent] = []
+        while _holds(w, task):
             ready, _ = ray.wait([task.gen], timeout=0)
             if not ready:
                 break
+            item: TrialMessage | TrialEnded
             try:
-                ref = next(task.gen)
+                item = ray.get(next(task.gen))
             except StopIteration:
-                w.tasks.remove(task)
-                self._refresh_free(w)
-                break
-            try:
-                item = ray.get(ref)
+                item = TrialEnded()
             except Exception as exc:
-                if _is_death(exc) and not isinstance(exc, SlotLost) and w.agent is not None:
-                    events.extend(self._lose_agent(w.agent.agent, f"its node agent died: {_ray_cause(exc)}"))
-                elif _is_death(exc):
+                if _is_death(exc):
                     if not w.info:  # it died in __init__: a start failure, whichever of its refs failed first
                         events.extend(self._lose(w, _ray_cause(exc), kind=EventKind.START_FAILED))
                     else:
                         events.extend(self._lose(w, f"worker died: {_ray_cause(exc)}"))
-                else:
-                    w.tasks.remove(task)
-                    self._refresh_free(w)
-                    events.append(
-                        PoolEvent(
-                            EventKind.FAILED,
-                            w.worker_id,
-                            task.trial,
-                            task.attempt,
-                            error=_ray_cause(exc),
-                            started=task.started,
-                        )
-                    )
-                break
-            message: TrialMessage = item
-            if message.kind is EventKind.START:
-                task.started = True
-            events.append(
-                PoolEvent(message.kind, w.worker_id, task.trial, task.attempt, report=message, started=task.started)
-            )
-            if message.kind is EventKind.DONE:
-                w.tasks.remove(task)
-                self._refresh_free(w)
-                break
+                    break
+                item = TrialEnded(error=_ray_cause(exc))
+            events.extend(self._take(w, task, item))
         return events
+
+    def _drain_batch(self, batch: _Batch) -> list[PoolEvent]:
+        """Take every ready item from a node agent's batched stream, each to its trial's worker.
+
+        A trial's messages are taken only once it runs first on its worker: Ray delivers each
+        stream in order but not two streams in the order they were written, so a trial's start may
+        arrive (in a later call's stream) before its predecessor's ``done``; it waits in ``early``.
+        """
+        ray = self._ray
+        events: list[PoolEvent] = []
+        while True:
+            ready, _ = ray.wait([batch.gen], timeout=0)
+            if not ready:
+                break
+            try:
+                index, item = ray.get(next(batch.gen))
+            except StopIteration:
+                self._batches.remove(batch)
+                for task in batch.tasks:  # every trial's share ends in the stream (one with items held has its end)
+                    w = self._workers[task.worker]
+                    if _holds(w, task) and not task.inbox:
+                        events.extend(self._take(w, task, TrialEnded(error="its node agent's stream ended early")))
+                break
+            except Exception as exc:
+                self._batches.remove(batch)
+                if _is_death(exc):
+                    events.extend(self._lose_agent(batch.agent, f"its node agent died: {_ray_cause(exc)}"))
+                else:  # the agent's call failed itself, not one of its trials
+                    for task in batch.tasks:
+                        w = self._workers[task.worker]
+                        if _holds(w, task):
+                            events.extend(self._take(w, task, TrialEnded(error=_ray_cause(exc))))
+                break
+            task = batch.tasks[index]
+            w = self._workers[task.worker]
+            if _named(item):  # taken even for a trial already gone, so its keeper lets go of it
+                self._to_take.setdefault(batch.agent.node_id, []).append((item.weights, w))
+            if not (w.alive and _holds(w, task)):
+                continue  # a trial already failed with its lost worker
+            w.heard = time.monotonic()
+            if not w.info:  # as in wait(): the worker is known before its trial's first message
+                events.extend(self._take_info(w))
+                if not w.alive:
+                    continue
+            events.extend(self._take(w, task, item))
+        return events
+
+    def _take(self, w: _Worker, task: _Task, item: TrialMessage | TrialEnded) -> list[PoolEvent]:
+        """One item of ``task``'s stream, and the events of whatever ``w`` can now take (:meth:`_advance`)."""
+        task.inbox.append(item)
+        return self._advance(w)
+
+    def _advance(self, w: _Worker) -> list[PoolEvent]:
+        """The events of the items ``w``'s first trial holds, in order, to one waiting on its keeper; trial by trial.
+
+        Ray delivers each stream in order but not two streams in the order they were written, so a
+        trial's start may arrive (in a later call's stream) before its predecessor's ``done``: it
+        waits in its inbox until the trial runs first. An item naming a set by key waits, with
+        everything after it, until the set's reference is taken (:meth:`_ask_keepers`).
+        """
+        events: list[PoolEvent] = []
+        while w.alive and w.tasks:
+            task = w.tasks[0]
+            ended = False
+            while task.inbox and not ended:
+                if _named(task.inbox[0]):
+                    return events
+                ended = self._message(w, task, task.inbox.pop(0), events)
+            if not ended or not w.alive:  # nothing more yet, or lost with its worker (every trial failed with it)
+                break
+            w.tasks.remove(task)  # what came after its end, if anything: nothing it still needs
+            self._refresh_free(w)
+        return events
+
+    def _message(self, w: _Worker, task: _Task, item: TrialMessage | TrialEnded, events: list[PoolEvent]) -> bool:
+        """Add the events of one item of ``task``'s stream to ``events``; whether the trial has ended."""
+        if isinstance(item, TrialEnded):
+            if item.lost:  # its slot's process died: the worker is lost
+                if not w.info:
+                    events.extend(self._lose(w, _cause_line(item.error or ""), kind=EventKind.START_FAILED))
+                else:
+                    events.extend(self._lose(w, f"worker died: {_cause_line(item.error or '')}"))
+                return True
+            if item.error is not None:
+                events.append(
+                    PoolEvent(
+                        EventKind.FAILED,
+                        w.worker_id,
+                        task.trial,
+                        task.attempt,
+                        error=_cause_line(item.error),
+                        started=task.started,
+                    )
+                )
+            return True
+        if item.kind is EventKind.START:
+            task.started = True
+        events.append(PoolEvent(item.kind, w.worker_id, task.trial, task.attempt, report=item, started=task.started))
+        return item.kind is EventKind.DONE
 
     def retire_all(self) -> Retirement:
         ray = self._ray
+        self._flush()
         if self._watch is not None:
             self._watch.stop(wait_s=0)  # no new question; the one in flight has its own deadline
         stats: dict[str, dict[str, Any]] = {}
@@ -773,16 +968,31 @@ def _is_death(exc: BaseException) -> bool:
     return isinstance(exc, (ActorDiedError, RayActorError, ActorUnavailableError, SlotLost))
 
 
+def _named(item: TrialMessage | TrialEnded) -> bool:
+    """Whether ``item`` carries a weight set named by its keeper's key, whose reference is still to be taken."""
+    weights = getattr(item, "weights", None)
+    return isinstance(weights, StoredWeights) and weights.pending
+
+
+def _holds(w: _Worker, task: _Task) -> bool:
+    """Whether ``task`` is still one of ``w``'s (not ended, not failed with the worker)."""
+    return any(t is task for t in w.tasks)
+
+
 def _ray_cause(exc: BaseException) -> str:
-    """The line of a Ray-wrapped error that names the original error, cut to 300 characters.
+    """The line of a Ray-wrapped error that names the original error (:func:`_cause_line`), or the error's type."""
+    return _cause_line(str(exc)) or type(exc).__name__
+
+
+def _cause_line(text: str) -> str:
+    """The line of an error's text that names the original error, cut to 300 characters.
 
     Ray wraps a remote exception in its traceback, so -- unlike :func:`aiperf.errors.first_line`
     -- this returns the LAST meaningful line (not a ``File ...`` frame or a ``^``/``~`` marker,
     and with a ``:`` as in ``ValueError: ...``); the first line when none looks like that.
     """
-    text = str(exc).strip()
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
     for ln in reversed(lines):
         if not ln.startswith(("File ", "^", "~")) and ":" in ln:
             return ln[:300]
-    return (lines[0] if lines else type(exc).__name__)[:300]
+    return lines[0][:300] if lines else ""

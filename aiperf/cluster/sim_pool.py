@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from aiperf.cluster.call_batch import CallBatcher
 from aiperf.cluster.messages import EpochReport, EventKind, StoredWeights, TrialDone, TrialStarted
 from aiperf.cluster.node_weights import KEEPER_OWNER, WeightsLost, WeightSource, resolve_start
 from aiperf.cluster.plan import Plan, Slot
@@ -155,12 +156,19 @@ class SimulatedWorkerPool(WorkerPool):
         fail_start: Callable[[str], str | None] | None = None,
         weights_on_nodes: bool = False,
         call_s: float = 0.0,
+        per_node: bool = False,
     ) -> None:
         """``weights_on_nodes``: trials report their weights as references on their node, as Ray workers do
         (:mod:`aiperf.cluster.node_weights`), and a node killed by :meth:`kill_node_at` takes its sets with it.
 
         ``call_s``: what Ray's remote call costs the submitting thread beyond serialising its arguments
-        (which :meth:`submit` does for real), charged to the master's clock on every submission."""
+        (which :meth:`submit` does for real), charged to the master's clock on every call.
+
+        ``per_node``: as ``cluster.actors: per_node`` -- a node agent's trials submitted in a row go in
+        one call (:mod:`aiperf.cluster.call_batch`), sent when the next goes to another node or the
+        master waits; its trials start when it is sent. Workers are numbered node by node, as a plan's are.
+        With ``weights_on_nodes`` too, every wait also charges one call per node whose trials reported
+        weights (the pool takes their references from the node's keeper)."""
         if not 0.0 <= call_s <= 1.0:
             raise ValueError(f"call_s must be in [0, 1] seconds, got {call_s!r}")
         self.clock = clock
@@ -179,7 +187,11 @@ class SimulatedWorkerPool(WorkerPool):
         self.batch_size = batch_size
         self.failure_fn = failure_fn
         self.fail_start = fail_start  # worker id -> why it cannot start (None: it starts)
-        self._workers = {f"w{k:05d}": _SimWorker(f"w{k:05d}", f"sim-node-{k % nodes}") for k in range(workers)}
+        self.per_node = per_node
+        self._batcher: CallBatcher[str, tuple[_SimWorker, _SimTask]] = CallBatcher()
+        self._workers = {
+            f"w{k:05d}": _SimWorker(f"w{k:05d}", f"sim-node-{k * nodes // workers}") for k in range(workers)
+        }
         self._free = FreeWorkers()
         for w in self._workers.values():
             self._refresh_free(w)
@@ -294,20 +306,39 @@ class SimulatedWorkerPool(WorkerPool):
         # Reading the spec, finding the weights, the trial's learning curve and the events its
         # worker will send are the worker's work and the simulator's: they do not pass on it.
         self._pickle((spec, parent_weights, resume_weights), protocol=5)
+        with self.clock.unseen():
+            task = self._task(worker, trial, attempt, spec, parent_weights, resume_weights)
+        w.queue.append(task)
+        self._refresh_free(w)
+        if not self.per_node:
+            self._send([(w, task)])
+            return
+        for _, held in self._batcher.add(w.node, (w, task)):
+            self._send(held)
+
+    def _send(self, held: list[tuple[_SimWorker, _SimTask]]) -> None:
+        """One remote call carrying ``held``, charged to the master's clock; a trial starts once its worker is free."""
         self.clock.spend(self.call_s)
         now = self.clock()
         with self.clock.unseen():
-            task = self._task(worker, trial, attempt, spec, parent_weights, resume_weights)
-            task.start = max(now, w.free_at)
-            epochs = task.epochs - task.start_epoch
-            end = task.start + self.startup_s + epochs * task.epoch_s
-            self._push(task.start, "start", (worker, task, None))
-            for k in range(1, epochs + 1):
-                self._push(task.start + self.startup_s + k * task.epoch_s, "epoch", (worker, task, k))
-            self._push(end, "done", (worker, task, None))
-        w.free_at = end
-        w.queue.append(task)
-        self._refresh_free(w)
+            for w, task in held:
+                if not (w.alive and any(t is task for t in w.queue)):
+                    continue  # lost with its worker while it was held
+                task.start = max(now, w.free_at)
+                epochs = task.epochs - task.start_epoch
+                w.free_at = task.start + self.startup_s + epochs * task.epoch_s
+                self._push(task.start, "start", (w.worker_id, task, None))
+                for k in range(1, epochs + 1):
+                    self._push(task.start + self.startup_s + k * task.epoch_s, "epoch", (w.worker_id, task, k))
+                self._push(w.free_at, "done", (w.worker_id, task, None))
+                self._sent(w, task)
+
+    def _sent(self, w: _SimWorker, task: _SimTask) -> None:
+        """A trial's call went: when it runs is known (for a subclass that records it)."""
+
+    def _flush(self) -> None:
+        for _, held in self._batcher.flush():
+            self._send(held)
 
     def _task(
         self, worker: str, trial: str, attempt: int, spec: dict[str, Any], parent_weights: Any, resume_weights: Any
@@ -350,6 +381,7 @@ class SimulatedWorkerPool(WorkerPool):
         heapq.heappush(self._events, (t, next(self._order), kind, payload))
 
     def wait(self, timeout: float) -> list[PoolEvent]:
+        self._flush()
         events: list[PoolEvent] = []
         if not self._announced:
             self._announced = True
@@ -447,6 +479,11 @@ class SimulatedWorkerPool(WorkerPool):
                         ),
                     )
                 )
+        if self.per_node and self.weights_on_nodes:
+            # A node agent's stream names each set by its keeper's key; the real pool takes the
+            # references with one keeper call per node per wait (RayWorkerPool._ask_keepers).
+            named = {self._workers[e.worker].node for e in events if e.kind in (EventKind.EPOCH, EventKind.DONE)}
+            self.clock.spend(self.call_s * len(named))
         return events
 
     def worker_info(self, worker: str) -> dict[str, Any]:
@@ -461,6 +498,7 @@ class SimulatedWorkerPool(WorkerPool):
         }
 
     def retire_all(self) -> Retirement:
+        self._flush()
         for w in self._workers.values():
             w.alive = False
             w.queue.clear()

@@ -106,6 +106,7 @@ def simulate_run(
         queue_depth=cfg.cluster.queue_depth,
         images=(int(dataset["train_images"]), int(dataset["eval_images"])),
         batch_size=batch,
+        per_node=cfg.cluster.actors == "per_node",
     )
     system = {
         "simulated": True,

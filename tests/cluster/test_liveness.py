@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from aiperf.cluster import ray_session
+from aiperf.cluster.call_batch import CallBatcher
 from aiperf.cluster.messages import EventKind
 from aiperf.cluster.node_agent import SlotLost
 from aiperf.cluster.plan import Slot
@@ -167,6 +168,7 @@ def _pool(workers: int = 1) -> RayWorkerPool:
     pool._pending_events = []
     pool._hosts = {"node-a": "host-a"}
     pool._free = FreeWorkers()
+    pool._batcher, pool._batches, pool._to_take, pool._takes = CallBatcher(), [], {}, {}
     pool._watch = None
     pool._agents = []
     pool._keepers = {}

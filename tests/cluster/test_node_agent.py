@@ -13,6 +13,7 @@ import multiprocessing
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -20,8 +21,10 @@ import psutil
 import pytest
 from helpers import aiperf_cmd, cli_env, killed_if_left, start_cli
 
-from aiperf.cluster.node_agent import SlotLost, _SlotProcess, device_shares
+from aiperf.cluster.messages import TrialDone, TrialEnded, TrialStarted
+from aiperf.cluster.node_agent import NodeAgent, SlotLost, _SlotProcess, device_shares
 from aiperf.record.ledger import read_raw_ledger
+from aiperf.training.trial import TrialSpec
 
 
 def test_slots_get_their_own_accelerators_whole_or_shared():
@@ -45,6 +48,62 @@ def test_a_slot_whose_process_died_between_trials_says_it_died_when_it_is_sent_w
         slot.send(("run", {}, None, None))
     with pytest.raises(SlotLost, match=r"process died \(exit code -9\)"):
         slot.receive(1.0)
+
+
+class _ScriptedSlot:
+    """A slot whose process answers each ``run`` with the next scripted replies."""
+
+    def __init__(self, worker_id: str, replies: list[list[tuple[str, object]]]) -> None:
+        self.worker_id, self.replies, self.ready = worker_id, replies, True
+        self.lock = threading.Lock()
+        self.ran: list[str] = []
+
+    def send(self, message: tuple) -> None:
+        self.ran.append(message[1]["trial_id"])
+        self._now = iter(self.replies.pop(0))
+
+    def receive(self, timeout: float | None = None) -> tuple[str, object]:
+        return next(self._now)
+
+
+def _request(key: int, worker: str, trial: str) -> tuple:
+    spec = TrialSpec(trial_id=trial, kind="seed", graph={}, hparams={"batch_size": 32, "epochs": 1}, seed=1)
+    return (key, worker, spec.to_dict(), None, None)
+
+
+def test_one_call_runs_each_slots_trials_in_order_and_ends_each_trials_share_on_its_own():
+    agent = NodeAgent.__new__(NodeAgent)  # no Ray: the slots' processes are scripted
+    agent._changed, agent._failed, agent._store = threading.Condition(), {}, None
+    done = ("message", TrialDone(weights=None))
+    slot0 = _ScriptedSlot(
+        "w0000",
+        [
+            [("message", TrialStarted(worker="w0000")), done, ("end", None)],
+            [("error", "ValueError: the learning rate is not a number")],
+            [("message", TrialStarted(worker="w0000")), done, ("end", None)],
+        ],
+    )
+    slot1 = _ScriptedSlot("w0007", [])  # worker w0001 was lost; its slot was started again for w0007
+    agent._slots = {0: slot0, 1: slot1}
+    batch = [
+        _request(0, "w0000", "t0"),
+        _request(1, "w0001", "t1"),
+        _request(0, "w0000", "t2"),
+        _request(0, "w0000", "t3"),
+    ]
+    items = list(agent.run_trials(batch))
+    assert slot0.ran == ["t0", "t2", "t3"], "a slot's trials run in the call's order"
+    assert slot1.ran == [], "a trial for a lost worker does not run on its slot's new worker"
+    by_trial: dict[int, list] = {}
+    for index, item in items:
+        by_trial.setdefault(index, []).append(item)
+    assert [type(m) for m in by_trial[0]] == [TrialStarted, TrialDone, TrialEnded] and by_trial[0][-1].error is None
+    gone = "SlotLost: worker w0001 is gone: its slot now runs worker w0007"
+    assert by_trial[1] == [TrialEnded(error=gone, lost=True)]
+    assert by_trial[2] == [TrialEnded(error="ValueError: the learning rate is not a number")]
+    assert [type(m) for m in by_trial[3]] == [TrialStarted, TrialDone, TrialEnded], "the failure ended only its trial"
+    zero = [index for index, _ in items if index in (0, 2, 3)]
+    assert zero == sorted(zero), "each of slot 0's trials ends before the next one's messages"
 
 
 def _agent_children(run: subprocess.Popen) -> list[psutil.Process]:

@@ -13,7 +13,7 @@ import pytest
 
 from aiperf.cluster import node_weights
 from aiperf.cluster.messages import StoredWeights
-from aiperf.cluster.node_weights import WeightKeeper, resolve_start, store_on_node
+from aiperf.cluster.node_weights import NodeStore, WeightKeeper, resolve_start, store_on_node
 from aiperf.engine.weights import WeightStore, file_sha256, load_weights
 from aiperf.training.trial import TrialSpec
 
@@ -54,6 +54,10 @@ def _worker_class() -> type:
             weights[5] = [np.full(2, value, np.float32)]
             return store_on_node(weights, keeper, node="node-a", worker=worker)
 
+        def hold(self, keeper, value: float, worker: str) -> StoredWeights | dict:
+            weights = {1: [np.full((256, 128), value, np.float32), np.full(128, value, np.float32)]}
+            return NodeStore(keeper, "node-a").hold(weights, worker)
+
         def start(self, spec: TrialSpec, parent, resume) -> tuple:
             """What the trial starts from: (start_epoch, inherited, its first weight, lineage kept, fallback)."""
             got = resolve_start(spec, parent, resume)
@@ -76,6 +80,22 @@ def test_a_set_outlives_the_worker_that_trained_it_and_is_fetched_elsewhere_from
     ray.kill(trainer, no_restart=True)  # the process that trained it dies; its node (the keeper) lives
 
     assert ray.get(other.start.remote(_spec(start_epoch=2), None, stored)) == (2, False, 2.5, False, "")
+    _kill(keeper)
+
+
+def test_a_set_held_under_a_key_is_taken_once_as_a_reference_that_outlives_the_process_that_trained_it(local_ray):
+    # A node agent's stream names a set by its keeper's key; the master takes the reference (node_agent.py).
+    keeper, trainer, other = _actor(WeightKeeper), _actor(_worker_class()), _actor(_worker_class())
+    held = ray.get(trainer.hold.remote(keeper, 3.5, "w0002"))
+    assert held.pending and held.owner == "weight keeper" and held.nbytes == (256 * 128 + 128) * 4
+    ray.kill(trainer, no_restart=True)
+
+    [ref] = ray.get(keeper.take.remote([held.key]))
+    assert ray.get(keeper.take.remote([held.key, 12345])) == [None, None], "taken once; an unknown key is nothing"
+    assert ray.get(keeper.holding.remote()) == 0, "the keeper let go of it: the taker's reference keeps it"
+    held.ref, held.key = ref, None
+    assert not held.pending
+    assert ray.get(other.start.remote(_spec(start_epoch=2), None, held)) == (2, False, 3.5, False, "")
     _kill(keeper)
 
 
@@ -118,7 +138,17 @@ def test_a_keeper_that_does_not_answer_leaves_the_set_with_the_worker(local_ray)
     _kill(keeper)
     stored = ray.get(trainer.store.remote(keeper, 4.0, "w0003"))
     assert stored.owner == "worker w0003"
+    held = ray.get(trainer.hold.remote(keeper, 4.0, "w0003"))
+    assert isinstance(held, dict) and held[1][0][0, 0] == 4.0, "a node agent's set then travels as its arrays"
     assert ray.get(trainer.start.remote(_spec(start_epoch=1), None, stored)) == (1, False, 4.0, False, "")
+
+
+def test_a_set_its_keeper_did_not_give_is_lost_and_its_child_starts_fresh():
+    lost = StoredWeights(ref=None, node="node-a", owner="weight keeper", nbytes=8)  # the pool's take came back empty
+    with pytest.raises(node_weights.WeightsLost, match="its keeper no longer held it"):
+        node_weights.fetch_weights(lost)
+    start = resolve_start(_spec(parent_graph={"nodes": []}, morphs=[{"op": "wider"}]), parent=lost, resume=None)
+    assert start.parent is None and start.spec.parent_graph is None and "fresh initialisation" in start.fallback
 
 
 def test_arrays_sent_as_they_are_need_no_fetch():

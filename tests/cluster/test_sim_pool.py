@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from aiperf.cluster.messages import EventKind
 from aiperf.cluster.sim_pool import HybridClock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -110,3 +111,86 @@ def test_ray_s_remote_call_is_charged_to_the_master_on_every_submission():
         assert low <= clock() - before < high
     with pytest.raises(ValueError, match="call_s"):
         SimulatedWorkerPool(1, HybridClock(), call_s=-1.0)
+
+
+def test_a_node_agents_trials_submitted_in_a_row_share_one_call_and_start_when_it_is_sent():
+    from aiperf.cluster.sim_pool import SimulatedWorkerPool, learning_curve
+    from aiperf.training.trial import TrialSpec
+
+    spec = TrialSpec(trial_id="t1", kind="seed", graph={}, hparams={"batch_size": 32, "epochs": 2}, seed=1).to_dict()
+    clock = HybridClock(cpu=True)
+    pool = SimulatedWorkerPool(
+        6, clock, nodes=3, epoch_s=10.0, call_s=0.5, per_node=True, accuracy_fn=lambda s: learning_curve(0.9, s)
+    )
+    assert [pool.worker_info(f"w0000{k}")["node"] for k in range(6)] == [f"sim-node-{k // 2}" for k in range(6)]
+    pool.submit("w00000", "t0", 0, {**spec, "trial_id": "t0"})
+    pool.submit("w00001", "t1", 0, {**spec, "trial_id": "t1"})
+    assert clock() < 0.4, "a node's trials are held while the master goes on submitting to that node"
+    pool.submit("w00002", "t2", 0, {**spec, "trial_id": "t2"})  # another node: the first node's call goes
+    assert 0.5 <= clock() < 0.9, "one call for the first node's two trials"
+    pool.submit("w00003", "t3", 0, {**spec, "trial_id": "t3"})
+    pool.submit("w00004", "t4", 0, {**spec, "trial_id": "t4"})
+    assert 1.0 <= clock() < 1.4
+    events = pool.wait(timeout=0.0)  # the last node's call goes before the pool waits
+    assert 1.5 <= clock() < 1.9
+    events += pool.wait(timeout=0.0)
+    starts = {e.trial: e for e in events if e.kind is EventKind.START}
+    assert set(starts) == {"t0", "t1", "t2", "t3", "t4"}
+    times = {k: v for k, v in pool._workers.items() if v.queue}
+    assert times["w00000"].queue[0].start == times["w00001"].queue[0].start >= 0.5, "they start when the call went"
+    assert times["w00004"].queue[0].start >= 1.5
+
+    # One actor per worker: a call per trial, each trial starting as it is submitted.
+    clock = HybridClock(cpu=True)
+    pool = SimulatedWorkerPool(
+        4, clock, nodes=2, epoch_s=10.0, call_s=0.5, accuracy_fn=lambda s: learning_curve(0.9, s)
+    )
+    pool.submit("w00000", "t0", 0, {**spec, "trial_id": "t0"})
+    assert 0.5 <= clock() < 0.9 and pool._workers["w00000"].queue[0].start >= 0.5
+    pool.submit("w00001", "t1", 0, {**spec, "trial_id": "t1"})
+    assert 1.0 <= clock() < 1.4
+
+
+def test_a_trial_held_for_its_nodes_call_is_not_sent_once_its_worker_died():
+    from aiperf.cluster.sim_pool import SimulatedWorkerPool, learning_curve
+    from aiperf.training.trial import TrialSpec
+
+    spec = TrialSpec(trial_id="t1", kind="seed", graph={}, hparams={"batch_size": 32, "epochs": 2}, seed=1).to_dict()
+    clock = HybridClock(cpu=True)
+    pool = SimulatedWorkerPool(
+        2, clock, nodes=1, epoch_s=10.0, per_node=True, accuracy_fn=lambda s: learning_curve(0.9, s)
+    )
+    pool.submit("w00000", "t0", 0, {**spec, "trial_id": "t0"})
+    pool.submit("w00001", "t1", 0, {**spec, "trial_id": "t1"})
+    lost = pool._kill("w00001")
+    assert [e.trial for e in lost if e.kind is EventKind.FAILED] == ["t1"]
+    events = []
+    for _ in range(5):
+        events += pool.wait(timeout=30.0)
+    assert {e.trial for e in events if e.kind is EventKind.DONE} == {"t0"}, "the dead worker's trial never ran"
+
+
+def test_each_wait_charges_one_keeper_call_per_node_whose_agent_named_weights():
+    from aiperf.cluster.sim_pool import SimulatedWorkerPool, learning_curve
+    from aiperf.training.trial import TrialSpec
+
+    spec = TrialSpec(trial_id="t1", kind="seed", graph={}, hparams={"batch_size": 32, "epochs": 2}, seed=1).to_dict()
+    charged = {}
+    for on_nodes in (True, False):
+        clock = HybridClock(cpu=True)
+        pool = SimulatedWorkerPool(
+            4, clock, nodes=2, epoch_s=10.0, call_s=0.5, per_node=True, weights_on_nodes=on_nodes,
+            accuracy_fn=lambda s: learning_curve(0.9, s),
+        )  # fmt: skip
+        pool.wait(timeout=0.0)  # the workers announce themselves
+        for k in range(4):
+            pool.submit(f"w0000{k}", f"t{k}", 0, {**spec, "trial_id": f"t{k}"})
+        pool.wait(timeout=0.0)  # the calls go; the trials start
+        while pool._events[0][2] != "epoch":
+            pool.wait(timeout=0.0)
+        first_epoch = pool._events[0][0]
+        events = pool.wait(timeout=60.0)
+        assert {(pool.worker_info(e.worker)["node"], e.kind) for e in events} == {("sim-node-0", EventKind.EPOCH)}
+        charged[on_nodes] = clock() - first_epoch
+    assert 0.5 <= charged[True] < 0.9, "one keeper call for the node's two epochs"
+    assert charged[False] < 0.4, "arrays in the messages: nothing to take"

@@ -143,14 +143,15 @@ def test_worker_death_requeues_from_the_last_completed_epoch(tmp_path):
 
 
 def test_weights_left_on_a_node_that_dies_make_its_trials_start_over_and_its_children_start_fresh(tmp_path):
+    KILL_T = 27.0  # the node holds a checkpoint of a running trial and a completed parent then
     masters = []
     _, records = _run(
-        tmp_path, workers=4, budget=160.0, node_kills=[("sim-node-1", 17.0)], weights_on_nodes=True, masters=masters
+        tmp_path, workers=4, budget=160.0, node_kills=[("sim-node-1", KILL_T)], weights_on_nodes=True, masters=masters
     )
     assert check_consistency(records) == []  # `aiperf verify`'s rules, a restart from epoch 0 included
     assert all(isinstance(w, StoredWeights) for w in masters[0].weights._weights.values()), "references only"
     starts = [r for r in records if r.type == "trial_start"]
-    dead = {r.trial for r in starts if r.node == "sim-node-1" and r.t < 17.0}
+    dead = {r.trial for r in starts if r.node == "sim-node-1" and r.t < KILL_T}
     requeues = [r for r in records if r.type == "requeue" and r.trial in dead]
     assert requeues and any(r.from_epoch > 0 for r in requeues)
     for rq in requeues:  # the checkpoint was on the dead node: the next attempt says so and starts at epoch 0
