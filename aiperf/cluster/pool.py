@@ -803,9 +803,8 @@ class RayWorkerPool(WorkerPool):
     def _drain_batch(self, batch: _Batch) -> list[PoolEvent]:
         """Take every ready item from a node agent's batched stream, each to its trial's worker.
 
-        A trial's messages are taken only once it runs first on its worker: Ray delivers each
-        stream in order but not two streams in the order they were written, so a trial's start may
-        arrive (in a later call's stream) before its predecessor's ``done``; it waits in ``early``.
+        Each item goes to its trial's inbox; :meth:`_advance` turns it into events once the trial
+        runs first on its worker and no set it named is still being taken.
         """
         ray = self._ray
         events: list[PoolEvent] = []
