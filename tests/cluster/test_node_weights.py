@@ -8,6 +8,8 @@ parent, a lost parent trains from a fresh initialisation) instead of failing.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -30,10 +32,20 @@ def local_ray():
 
 
 def _kill(keeper) -> None:
-    """Kill a keeper and wait until it is gone (``ray.kill`` only asks)."""
+    """Kill a keeper and wait until it is gone.
+
+    ``ray.kill`` only asks: a call sent just after it can still be answered by the living actor
+    (CI saw one), so ask again until a call fails, for at most 30 s.
+    """
     ray.kill(keeper, no_restart=True)
-    with pytest.raises(ray.exceptions.RayActorError):
-        ray.get(keeper.alive.remote(), timeout=30)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            ray.get(keeper.alive.remote(), timeout=30)
+        except ray.exceptions.RayActorError:
+            return
+        time.sleep(0.1)
+    pytest.fail("a killed keeper still answered after 30 s")
 
 
 def _spec(**fields) -> TrialSpec:
