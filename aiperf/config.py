@@ -49,6 +49,7 @@ MAX_SEARCH_BATCH = 4096  # architectures per GP fit: the candidate pool a fit sc
 MAX_AUTO_SEARCH_BATCH = 128  # search.batch auto: concurrent trials / 64, at most this
 MAX_EXPAND_PROCESSES = 256  # search.processes (nas.expand_pool.MAX_PROCESSES)
 AUTO_EXPAND_WORKERS = 1024  # search.processes auto: below this many concurrent trials the start-up is short
+TUNE_AHEAD = 8  # TPE asks made early from AUTO_EXPAND_WORKERS concurrent trials on (nas.tuner_ahead)
 MAX_AUTO_EXPAND_PROCESSES = 16
 ImageSide = Annotated[int, Field(ge=1, le=MAX_SIDE)]
 Channels = Annotated[int, Field(ge=1, le=64)]
@@ -278,7 +279,8 @@ class SearchConfig(_Section):
 
     processes: int | Literal["auto"] = Field(
         "auto",
-        description="other processes of the master's machine expanding the start-up children; auto: none below"
+        description="other processes of the master's machine expanding the start-up children (and from 2 on"
+        " the tree search's nodes), plus one for TPE when above 0; auto: none below"
         f" {AUTO_EXPAND_WORKERS} concurrent trials, else one per free core up to {MAX_AUTO_EXPAND_PROCESSES}"
         " (docs/search.md)",
     )

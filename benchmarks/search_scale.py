@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 
-from aiperf.metrics.flops import count_flops
+from aiperf.metrics.flops import TrainFlopsPerImage
 from nas.graph import Graph
 from nas.hpo import HyperparameterSpace
 from nas.limits import Limits
@@ -86,15 +86,15 @@ def synthetic_history(
 def measure(size: int, args: argparse.Namespace) -> dict[str, float]:
     rng = np.random.default_rng(args.seed)
     seed_graph = by_name(args.seed_architecture)
-    limits = Limits(
-        args.max_layers, args.max_params, args.max_flops, flops_fn=lambda g: count_flops(g).train_per_image(BATCH)
-    )
+    limits = Limits(args.max_layers, args.max_params, args.max_flops, flops_fn=TrainFlopsPerImage(BATCH))
     settings = SearchSettings(
         strategy=args.strategy,
         seed=args.seed,
         candidates=args.candidates,
         gp_window=args.gp_window,
         batch=args.batch,
+        processes=args.processes,
+        tune_ahead=args.tune_ahead,
         hparam_space=HyperparameterSpace(),
         default_hparams={
             "learning_rate": 0.05,
@@ -136,6 +136,7 @@ def measure(size: int, args: argparse.Namespace) -> dict[str, float]:
         in_flight.append((trial_id, proposal))
     if args.freeze_gc:
         gc.unfreeze()
+    search.close()  # its expansion processes, if any
     asks, cpu = np.array(ask_s), np.array(ask_cpu)
     return {
         "cpu_median_ms": 1e3 * float(np.median(cpu)),
@@ -167,6 +168,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--freeze-gc", action="store_true", help="gc.freeze() after the restore")
     parser.add_argument("--batch", type=int, default=1, help="architectures per GP fit (search.batch)")
+    parser.add_argument(
+        "--processes", type=int, default=0, help="expansion processes (search.processes); their CPU is not the master's"
+    )
+    parser.add_argument("--tune-ahead", type=int, default=0, help="TPE asks made early (8 from 1,024 workers on)")
     args = parser.parse_args()
     print(
         f"strategy={args.strategy} seed_architecture={args.seed_architecture} candidates={args.candidates} "

@@ -18,7 +18,9 @@ accuracy scale), standardised with the mean and spread of all real observations.
 * **Acquisition.** UCB ``mu + beta * sigma``, maximised over children reached by 1 to
   ``max_morphs`` morphs from good completed architectures through an annealed tree search:
   start from the best origins (plus a few random ones), pick a node to expand by a softmax
-  of its UCB at temperature ``T``, expand it by one untried morph, and keep the child as a
+  of its UCB at temperature ``T``, expand it by its next untried morph (each node tries its
+  morphs in an order seeded by the node, so the expansions can be made in other processes,
+  :mod:`nas.tree_expand`), and keep the child as a
   node when its UCB beats its parent's or with probability ``exp(delta / T)``; ``T`` decays
   geometrically. Every new child not trained or pending joins a candidate pool that is
   re-scored and carried over between asks (so a warm pool needs fewer fresh expansions);
@@ -42,8 +44,9 @@ from nas.distance import ArchitectureDistance
 from nas.errors import NasError
 from nas.gp import GaussianProcess, GPError, LandmarkEmbedding
 from nas.graph import Graph
-from nas.morph import Morph, candidate_morphs, random_morph, try_morph
+from nas.morph import Morph, random_morph
 from nas.random_search import Accept, ArchitectureStatus, ArchitectureStrategy, Child, Origin, Taken, random_origin
+from nas.tree_expand import Grower, GrowTask, InlineGrower
 
 MAX_ACCURACY = 1.0 - 1e-4
 LANDMARK_WALK = 24  # longest random walk from the seed that makes a landmark
@@ -104,17 +107,18 @@ def _believed(entry: _Entry) -> float:
 
 @dataclass
 class _Node:
-    """A tree-search node; ``options`` are its untried morphs by kind (listed on first expansion)."""
+    """A tree-search node; its first ``tried`` morphs of ``total`` (known after its first expansion) are tried."""
 
     graph: Graph
     morphs: tuple[Morph, ...]
     origin: Origin
     score: float
-    options: dict[str, list[Morph]] | None = None
+    tried: int = 0
+    total: int | None = None
 
     @property
     def exhausted(self) -> bool:
-        return self.options is not None and not self.options
+        return self.total is not None and self.tried >= self.total
 
 
 class _RealObservations:
@@ -316,9 +320,10 @@ class BayesianMorphSearch(ArchitectureStrategy):
         self._partial_noise = partial_noise
         self._refit_every = refit_every
         landmark_rng = np.random.default_rng(int(rng.integers(2**63)))
-        self._embed = LandmarkEmbedding(
-            make_landmarks(seed_graph, accept, landmark_rng, landmarks), ArchitectureDistance()
-        )
+        self.landmarks = make_landmarks(seed_graph, accept, landmark_rng, landmarks)
+        self._embed = LandmarkEmbedding(self.landmarks, ArchitectureDistance())
+        self._node_seed = int(rng.integers(2**63))  # orders each node's morphs (nas.tree_expand.morph_order)
+        self._grower: Grower = InlineGrower(self._accept_cheap)
         self._gp = GaussianProcess()
         self._entries: dict[str, _Entry] = {}
         self._real = _RealObservations()
@@ -333,6 +338,13 @@ class BayesianMorphSearch(ArchitectureStrategy):
         self.stats = SurrogateStats()
         self._fit_error = ""
         self._blas = ThreadpoolController()
+
+    def grow_with(self, grower: Grower) -> None:
+        """Answer the tree search's expansions with ``grower`` (the proposals stay the same; see nas.tree_expand).
+
+        A grower that builds children elsewhere must apply this search's cheap test there.
+        """
+        self._grower = grower
 
     def _one_blas_thread(self):
         """Small matrices are fastest on one BLAS thread, and the master must not fight its own threads."""
@@ -602,23 +614,22 @@ class BayesianMorphSearch(ArchitectureStrategy):
             best = heapq.nlargest(TOP_STARTS, origins.values(), key=lambda o: o.value)
         return best
 
-    def _expand(self, node: _Node) -> _Node | None:
-        """A child of ``node`` by one untried morph within the cheap limits (kind drawn first, as random_morph does)."""
-        if node.options is None:
-            node.options = {}
-            for m in candidate_morphs(node.graph, node.origin.kernel_size, rng=self._rng):
-                node.options.setdefault(m.kind, []).append(m)
-        while node.options:
-            kinds = list(node.options)
-            kind = kinds[int(self._rng.integers(len(kinds)))]
-            options = node.options[kind]
-            morph = options.pop(int(self._rng.integers(len(options))))
-            if not options:
-                del node.options[kind]
-            result = try_morph(node.graph, morph, None, self._rng)
-            if result is not None and self._accept_cheap(result[0]):
-                return _Node(result[0], (*node.morphs, morph), node.origin, 0.0)
-        return None
+    def _grow(self, wanted: list[list]) -> list[tuple[_Node, _Node]]:
+        """Each ``[parent, k]``'s next ``k`` children within the cheap limits, as (parent, child) in draw order."""
+        tasks = [
+            GrowTask(parent.graph, parent.origin.kernel_size, self._node_seed, parent.tried, count)
+            for parent, count in wanted
+        ]
+        batch: list[tuple[_Node, _Node]] = []
+        rows = {}
+        for (parent, _), growth in zip(wanted, self._grower.grow(tasks), strict=True):
+            parent.tried, parent.total = growth.tried, growth.total
+            for child in growth.children:
+                batch.append((parent, _Node(child.graph, (*parent.morphs, child.morph), parent.origin, 0.0)))
+                if child.row is not None:
+                    rows[child.graph.key()] = child.row
+        self._embed.learn(rows)
+        return batch
 
     def _tree_search(self, posterior: _Posterior, origins: Mapping[str, Origin], taken: Taken, budget: int) -> None:
         """Annealed expansion from good origins; every new untaken child joins the pool."""
@@ -631,13 +642,13 @@ class BayesianMorphSearch(ArchitectureStrategy):
             weights = np.array([n.score for n in frontier]) / temperature
             weights = np.exp(weights - weights.max())
             weights /= weights.sum()
-            batch: list[tuple[_Node, _Node]] = []
-            for _ in range(min(EXPANSIONS_PER_ROUND, budget - attempts)):
-                attempts += 1
+            draws = min(EXPANSIONS_PER_ROUND, budget - attempts)
+            attempts += draws
+            wanted: dict[int, list] = {}  # a parent drawn k times this round: its next k children
+            for _ in range(draws):
                 parent = frontier[int(self._rng.choice(len(frontier), p=weights))]
-                child = self._expand(parent)
-                if child is not None:
-                    batch.append((parent, child))
+                wanted.setdefault(id(parent), [parent, 0])[1] += 1
+            batch = self._grow(list(wanted.values()))
             frontier = [n for n in frontier if not n.exhausted]
             if not batch:
                 continue

@@ -1,11 +1,13 @@
-"""Start-up expansions in other processes of the head node.
+"""Start-up and tree-search expansions in other processes of the head node.
 
 At 65,536 workers the start-up fill builds about 100,000 child graphs, their keys and FLOPs
 counts, which is four fifths of the time before every worker has its first trial
 (benchmarks/RESULTS.md, "The start-up fill at 65,536 workers, profiled"). A node's expansion
 depends on nothing but the node (:func:`nas.startup.expand`), so the nodes queued next are
 expanded here, ``processes`` at a time, while the master hands out the children of the
-current one. Processes are spawned, not forked: the master runs threads (Ray's, the
+current one. After the start-up the same processes answer the Bayesian search's tree-search
+tasks (:mod:`nas.tree_expand`), embedding the children with the search's landmarks, which
+they are given when they start. Processes are spawned, not forked: the master runs threads (Ray's, the
 ledger's) that a fork would copy in whatever state they were. The limits travel once, when a
 process starts; each task carries one graph there and its children back.
 
@@ -28,19 +30,24 @@ import math
 import multiprocessing
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from nas.distance import ArchitectureDistance
+from nas.gp import LandmarkEmbedding
 from nas.graph import Graph
 from nas.limits import Limits
+from nas.morph import Morph
 from nas.startup import LOOKAHEAD_PER_PROCESS, Expanded, Packed, expand, refused
+from nas.tree_expand import GrowTask, Growth, grow
 
 logger = logging.getLogger(__name__)
 MAX_PROCESSES = 256
 PATIENCE_S = 120.0  # the longest wait for one node's expansion before the master expands it itself
+MAX_EMBEDDED = 50_000  # embeddings a process keeps before it starts afresh (a long run meets millions of children)
 
 
 class PoolUnavailable(RuntimeError):
@@ -73,9 +80,29 @@ def expand_unsent(graph: Graph, kernel: int, seed: int, limits: Limits, ceiling:
     return out
 
 
-def _serve(conn: Connection, limits: Limits, work: Work) -> None:
-    """An expansion process: a task at a time from its pipe, its children back on the same pipe."""
+class _Grower:
+    """An expansion process's side of the steady state's tree search (:func:`nas.tree_expand.grow`)."""
+
+    def __init__(self, limits: Limits, landmarks: Sequence[Graph]) -> None:
+        self._limits = limits
+        self._orders: dict[tuple[str, int, int], list[Morph]] = {}
+        self._embed = LandmarkEmbedding(landmarks, ArchitectureDistance()) if landmarks else None
+
+    def __call__(self, task: GrowTask) -> Growth:
+        if self._embed is None:
+            raise RuntimeError("this expansion pool was started without the search's landmarks")
+        if len(self._embed) > MAX_EMBEDDED:
+            self._embed.forget(set())
+        return grow(task, self._limits.admits_structure, self._orders, self._limits, self._embed)
+
+
+def _serve(conn: Connection, limits: Limits, work: Work, landmarks: Sequence[Graph] = ()) -> None:
+    """An expansion process: a task at a time from its pipe, its answer back on the same pipe.
+
+    A task is a start-up node to expand (``work``), or a tree-search :class:`GrowTask`.
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the master's to handle; it closes the pool
+    grower = _Grower(limits, landmarks)
     while True:
         try:
             task = conn.recv()
@@ -83,9 +110,14 @@ def _serve(conn: Connection, limits: Limits, work: Work) -> None:
             return
         if task is None:
             return
-        task_id, graph, kernel, seed, ceiling = task
+        task_id, args = task
+        reply: tuple[int, Any, str]
         try:
-            reply = (task_id, work(graph, kernel, seed, limits, ceiling), "")
+            if isinstance(args, GrowTask):
+                reply = (task_id, grower(args), "")
+            else:
+                graph, kernel, seed, ceiling = args
+                reply = (task_id, work(graph, kernel, seed, limits, ceiling), "")
         except Exception as exc:  # a failed expansion fails its future, not the process
             reply = (task_id, None, f"{type(exc).__name__}: {str(exc)[:200]}")
         try:
@@ -97,7 +129,7 @@ def _serve(conn: Connection, limits: Limits, work: Work) -> None:
 class _Expansion:
     """A node's expansion in another process; ``result()`` waits at most the pool's patience, then breaks it."""
 
-    def __init__(self, future: Future[list[Expanded | Packed]], pool: ExpandPool) -> None:
+    def __init__(self, future: Future[Any], pool: ExpandPool) -> None:
         self.future = future
         self._pool = pool
 
@@ -113,16 +145,25 @@ class _Process:
     def __init__(self, process: BaseProcess, conn: Connection) -> None:
         self.process = process
         self.conn = conn
-        self.pending: dict[int, Future[list[Expanded | Packed]]] = {}
+        self.pending: dict[int, Future[Any]] = {}
 
 
 class ExpandPool:
     """``processes`` spawned processes expanding start-up nodes ahead of the master (see the module docstring)."""
 
     def __init__(
-        self, processes: int, limits: Limits, patience_s: float = PATIENCE_S, work: Work = expand_unsent
+        self,
+        processes: int,
+        limits: Limits,
+        patience_s: float = PATIENCE_S,
+        work: Work = expand_unsent,
+        landmarks: Sequence[Graph] = (),
     ) -> None:
-        """``work`` is what the processes run on each node: :func:`expand_unsent` but in tests."""
+        """``work`` is what the processes run on each start-up node: :func:`expand_unsent` but in tests.
+
+        ``landmarks`` are the Bayesian search's; with them the processes also answer its
+        tree-search tasks (:meth:`grow`), children embedded as the search embeds them.
+        """
         if isinstance(processes, bool) or not isinstance(processes, int) or not 1 <= processes <= MAX_PROCESSES:
             raise ValueError(f"expansion processes must be an integer in [1, {MAX_PROCESSES}], got {processes!r}")
         self.processes = processes
@@ -141,7 +182,9 @@ class ExpandPool:
             for k in range(processes):
                 mine, theirs = context.Pipe(duplex=True)
                 name = f"aiperf-expand-{k}"
-                process = context.Process(target=_serve, args=(theirs, limits, work), name=name, daemon=True)
+                process = context.Process(
+                    target=_serve, args=(theirs, limits, work, list(landmarks)), name=name, daemon=True
+                )
                 process.start()
                 theirs.close()  # the process's death then ends this pipe: its reader sees EOF
                 self._procs.append(_Process(process, mine))
@@ -158,9 +201,16 @@ class ExpandPool:
         """
         if limits is not self._limits:
             raise ValueError("an expansion pool serves the limits it was started with")
+        return self._send((graph, kernel, seed, ceiling))
+
+    def grow(self, task: GrowTask) -> _Expansion:
+        """Queue a tree-search task (:mod:`nas.tree_expand`); its result is a :class:`~nas.tree_expand.Growth`."""
+        return self._send(task)
+
+    def _send(self, args: Any) -> _Expansion:
         if self._closed:
             raise RuntimeError("the expansion pool is closed")
-        future: Future[list[Expanded | Packed]] = Future()
+        future: Future[Any] = Future()
         with self._lock:
             if self._broken:
                 future.set_exception(PoolBroken(self._broken))
@@ -170,7 +220,7 @@ class ExpandPool:
             task_id = next(self._ids)
             target.pending[task_id] = future
         try:
-            target.conn.send((task_id, graph, kernel, seed, ceiling))
+            target.conn.send((task_id, args))
         except (OSError, ValueError) as exc:  # its process died (broken pipe) or the pool was closed meanwhile
             self._break(f"an expansion process could not be sent work ({type(exc).__name__}: {exc})")
         return _Expansion(future, self)

@@ -19,7 +19,7 @@ record the jitter used; when even the largest jitter fails they raise :class:`GP
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar, cast
 
@@ -318,6 +318,11 @@ class LandmarkEmbedding(Generic[A]):
         if not graphs:
             return np.zeros((0, self.dimension))
         return np.stack([self._vectors[g.key()] for g in graphs])
+
+    def learn(self, rows: Mapping[str, np.ndarray]) -> None:
+        """Take vectors another process computed for these keys (with the same landmarks and distance)."""
+        for key, row in rows.items():
+            self._vectors.setdefault(key, row)
 
     def forget(self, keep: set[str]) -> None:
         """Drop cached vectors not in ``keep`` (bounds memory over a long run)."""

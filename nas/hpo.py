@@ -165,6 +165,39 @@ class TunedSpace(Protocol):
     def admits(self, params: Mapping[str, Any]) -> bool: ...  # bounds beyond the distributions'
 
 
+class KeptResults:
+    """The results a bounded TPE study is rebuilt from: the ``keep_best`` best and the ``keep_recent`` latest.
+
+    Also the best over the whole history. Kept by the tuner, and by the master beside a tuner
+    in another process (:mod:`nas.tuner_ahead`), to rebuild one from if that process is lost.
+    """
+
+    def __init__(self, keep_best: int, keep_recent: int) -> None:
+        self._keep_best = keep_best
+        self._recent: deque[tuple[int, dict[str, Any], float]] = deque(maxlen=keep_recent)
+        self._best_kept: list[tuple[float, int, dict[str, Any]]] = []  # min-heap of (value, -order, params)
+        self.completed = 0
+        self.best: tuple[dict[str, Any], float] | None = None
+
+    def record(self, params: dict[str, Any], value: float) -> None:
+        order = self.completed
+        self.completed += 1
+        if self.best is None or value > self.best[1]:
+            self.best = (params, value)
+        self._recent.append((order, params, value))
+        entry = (value, -order, params)
+        if len(self._best_kept) < self._keep_best:
+            heapq.heappush(self._best_kept, entry)
+        elif entry[:2] > self._best_kept[0][:2]:  # better, or as good and older: an earlier best stays
+            heapq.heapreplace(self._best_kept, entry)
+
+    def kept(self) -> list[tuple[dict[str, Any], float]]:
+        """The kept results, oldest first."""
+        kept = {order: (params, value) for order, params, value in self._recent}
+        kept.update({-neg: (params, value) for value, neg, params in self._best_kept})
+        return [kept[order] for order in sorted(kept)]
+
+
 @dataclass
 class _Running:
     params: dict[str, Any]  # Optuna's (external) values
@@ -204,15 +237,11 @@ class HyperparameterTuner:
         self.space = space
         self._distributions = space.distributions()
         self._seed = seed
-        self._keep_best = keep_best
         self._keep_running = keep_running
         self._capacity = keep_best + keep_recent + keep_running
         self._rebuild_every = rebuild_every
         self._running: dict[str, _Running] = {}  # insertion order = ask order
-        self._recent: deque[tuple[int, dict[str, Any], float]] = deque(maxlen=keep_recent)
-        self._best_kept: list[tuple[float, int, dict[str, Any]]] = []  # min-heap of (value, -order, params)
-        self._completed = 0
-        self._best: tuple[dict[str, Any], float] | None = None
+        self._kept = KeptResults(keep_best, keep_recent)
         self.rebuilds = 0
         self._study = self._new_study()
         self._study_trials = 0
@@ -261,6 +290,23 @@ class HyperparameterTuner:
         self._running[trial_id] = _Running(params, number)
         self._grew()
         return self.space.normalise(params)
+
+    def running_params(self, trial_id: str) -> dict[str, Any]:
+        """The values ``trial_id`` was asked with, as sampled (before :meth:`TunedSpace.normalise`)."""
+        return dict(self._running[trial_id].params)
+
+    def rename(self, old: str, new: str) -> None:
+        """A running trial asked under ``old`` goes on as ``new`` (a trial asked ahead, nas.tuner_ahead)."""
+        if new in self._running:
+            raise NasError(f"trial {new} already has hyperparameters")
+        self._running[new] = self._running.pop(old)
+
+    def adopt_running(self, trial_id: str, params: Mapping[str, Any]) -> None:
+        """A trial asked by another tuner, now running here (a lie in the study from the next rebuild on)."""
+        if trial_id in self._running:
+            raise NasError(f"trial {trial_id} already has hyperparameters")
+        self._running[trial_id] = _Running(dict(params), None)
+        self._lies_missing = True
 
     def _uniform(self, dist: BaseDistribution) -> Any:
         """One independent uniform draw, as Optuna's RandomSampler makes it (log scale where the distribution is)."""
@@ -312,7 +358,7 @@ class HyperparameterTuner:
 
     @property
     def completed(self) -> int:
-        return self._completed
+        return self._kept.completed
 
     @property
     def study_trials(self) -> int:
@@ -321,23 +367,14 @@ class HyperparameterTuner:
 
     def best(self) -> tuple[dict[str, Any], float] | None:
         """The best told hyperparameters and their value (over the whole history), or None before any result."""
-        if self._best is None:
+        if self._kept.best is None:
             return None
-        params, value = self._best
+        params, value = self._kept.best
         return self.space.normalise(params), value
 
     # --- the bounded history ---------------------------------------------------------------------
     def _record(self, params: dict[str, Any], value: float) -> None:
-        order = self._completed
-        self._completed += 1
-        if self._best is None or value > self._best[1]:
-            self._best = (params, value)
-        self._recent.append((order, params, value))
-        entry = (value, -order, params)
-        if len(self._best_kept) < self._keep_best:
-            heapq.heappush(self._best_kept, entry)
-        elif entry[:2] > self._best_kept[0][:2]:  # better, or as good and older: an earlier best stays
-            heapq.heapreplace(self._best_kept, entry)
+        self._kept.record(params, value)
 
     def _grew(self) -> None:
         self._study_trials += 1
@@ -346,13 +383,11 @@ class HyperparameterTuner:
 
     def _rebuild(self) -> None:
         """A fresh study holding only what the bounded history keeps (see the class docstring)."""
-        kept = {order: (params, value) for order, params, value in self._recent}
-        kept.update({-neg: (params, value) for value, neg, params in self._best_kept})
+        kept = self._kept.kept()
         self.rebuilds += 1
         study = self._new_study()
         study.add_trials(
-            create_trial(params=params, distributions=self._distributions, value=value)
-            for _, (params, value) in sorted(kept.items())
+            create_trial(params=params, distributions=self._distributions, value=value) for params, value in kept
         )
         carried = list(self._running.values())[len(self._running) - self._keep_running :] if self._keep_running else []
         for running in self._running.values():

@@ -57,10 +57,17 @@ from nas.random_search import (
 )
 from nas.schedule import SizeSchedule
 from nas.startup import StartupChildren
+from nas.tree_expand import PoolGrower
+from nas.tuner_ahead import MAX_AHEAD, AheadTuner, TunerProcess
 
 logger = logging.getLogger(__name__)
 TUNE_CANDIDATES = 3  # lineages considered for re-tuning: the best three
 TUNE_RESAMPLES = 3  # TPE samples tried when a sampled kernel makes the graph exceed the limits
+# Expansion processes from which they also serve the tree search after the start-up. A round's
+# children depend on the last round's scores, so the master waits for each round: with one
+# process the round is no shorter than in the master, and on a 2-core box the master's load was
+# higher (0.61 against 0.36 at 65,536 simulated workers; benchmarks/RESULTS.md).
+MIN_TREE_PROCESSES = 2
 STARTUP_DEPTH = 3  # start-up children are at most this many morphs from the seed (or max_morphs_per_child)
 _KINDS = frozenset(TrialKind)  # restore() takes kinds read back from a ledger as plain strings
 
@@ -80,7 +87,9 @@ class SearchSettings:
     hparam_space: HyperparameterSpace = field(default_factory=HyperparameterSpace)
     landmarks: int = 32
     batch: int = 1  # architecture children proposed together from one fit (see AutoMLSearch._arch)
-    processes: int = 0  # other processes expanding start-up children (nas.expand_pool); 0: all in this one
+    processes: int = 0  # other processes expanding start-up children and tree-search nodes (nas.expand_pool); 0: none
+    # TPE's asks made this many early (nas.tuner_ahead); with processes, TPE runs in one more of its own
+    tune_ahead: int = 0
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -96,10 +105,13 @@ class SearchSettings:
             ("landmarks", 2),
             ("batch", 1),
             ("processes", 0),
+            ("tune_ahead", 0),
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise NasError(f"{name} must be an integer >= {low}, got {value!r}")
+        if self.tune_ahead > MAX_AHEAD:
+            raise NasError(f"tune_ahead must be at most {MAX_AHEAD}, got {self.tune_ahead}")
         if not isinstance(self.hparam_space, HyperparameterSpace):
             raise NasError("hparam_space must be a HyperparameterSpace")
         object.__setattr__(self, "default_hparams", normalise_hparams(self.default_hparams))
@@ -172,7 +184,7 @@ class AutoMLSearch(Proposer[TrialProposal]):
         self.seed_graph = seed_graph
         self.schedule = schedule
         self._progress = 0.0
-        self.tuner = HyperparameterTuner(settings.hparam_space, seed=settings.seed)
+        self.tuner = self._start_tuner()
         self._fallback = RandomMorphSearch(
             self._admits_now,
             np.random.default_rng([settings.seed, 1]),
@@ -212,6 +224,8 @@ class AutoMLSearch(Proposer[TrialProposal]):
         self._seed_trial: str | None = None
         self._startup: StartupChildren | None = None  # made at the first start-up child
         self._expander: ExpandPool | None = None  # its processes, when settings.processes asks for some
+        self._grower: PoolGrower | None = None  # the tree search's expansions in those processes
+        self._steady = False  # the start-up is over (something completed)
         self._queued: deque[Child] = deque()  # children of the last batch, handed out in order
         self._asks = 0  # asks after the seed
         self._tunes = 0
@@ -241,7 +255,55 @@ class AutoMLSearch(Proposer[TrialProposal]):
     def at(self, progress: float) -> None:
         self._progress = min(max(float(progress), 0.0), 1.0)
 
+    def _steady_state(self) -> None:
+        """The start-up is over: its expansion processes go on with the tree search's expansions, or end.
+
+        They go on from MIN_TREE_PROCESSES on, started here if the start-up had none (a resumed
+        run). Where the expansions are made never changes what is proposed (nas.tree_expand).
+        """
+        if self._steady:
+            return
+        self._steady = True
+        if self._startup is not None:
+            self._startup.expand_here()  # what the pool still has queued for it is dropped
+        strategy = self.strategy
+        if self.settings.processes < MIN_TREE_PROCESSES or not isinstance(strategy, BayesianMorphSearch):
+            self._close_expansion()
+            return
+        if self._expander is None:
+            self._expander = self._start_pool()
+            if self._expander is None:
+                return
+        self._grower = PoolGrower(self._expander, self.limits)
+        strategy.grow_with(self._grower)
+
+    def _start_tuner(self) -> AheadTuner | TunerProcess:
+        """TPE here, or (with ``settings.processes``) in a process of its own: the same values either way."""
+        space, seed, ahead = self.settings.hparam_space, self.settings.seed, self.settings.tune_ahead
+        if self.settings.processes:
+            try:
+                return TunerProcess(space, seed, ahead)
+            except (OSError, ImportError, NotImplementedError) as exc:  # no processes on this platform
+                logger.warning(f"TPE process unavailable ({exc}); tuning in the master")
+        return AheadTuner(HyperparameterTuner(space, seed=seed), ahead)
+
+    def _start_pool(self) -> ExpandPool | None:
+        """``settings.processes`` expansion processes, or None (with a warning) where none can start."""
+        landmarks = self.strategy.landmarks if isinstance(self.strategy, BayesianMorphSearch) else ()
+        try:
+            return ExpandPool(self.settings.processes, self.limits, landmarks=landmarks)
+        except (PoolUnavailable, OSError, ImportError, NotImplementedError) as exc:  # none on this platform
+            logger.warning(f"expansion processes unavailable ({exc}); expanding in the master")
+            return None
+
     def close(self) -> None:
+        """End the expansion and TPE processes; whatever comes next is expanded and tuned here."""
+        self.tuner.close()
+        self._close_expansion()
+
+    def _close_expansion(self) -> None:
+        if self._grower is not None:
+            self._grower.close()
         if self._expander is not None:
             if self._startup is not None:
                 self._startup.expand_here()
@@ -301,7 +363,7 @@ class AutoMLSearch(Proposer[TrialProposal]):
         """A new architecture: grown from a completed one, or from the seed during start-up."""
         if not self._origins:
             return self._startup_child()
-        self.close()  # the start-up is over: its expansion processes are not needed again
+        self._steady_state()
         child = self._next_queued()
         if child is None:
             batch = self.strategy.propose_batch(self._origins, self._taken, self.settings.batch)
@@ -349,10 +411,7 @@ class AutoMLSearch(Proposer[TrialProposal]):
         if self._startup is None:
             depth = max(STARTUP_DEPTH, self.settings.max_morphs_per_child)
             if self.settings.processes:
-                try:
-                    self._expander = ExpandPool(self.settings.processes, self.limits)
-                except (PoolUnavailable, OSError, ImportError, NotImplementedError) as exc:  # none on this platform
-                    logger.warning(f"start-up expansion processes unavailable ({exc}); expanding in the master")
+                self._expander = self._start_pool()
             self._startup = StartupChildren(
                 self.seed_graph,
                 self.settings.seed,

@@ -17,10 +17,21 @@ def smoke_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
 
     It ends on a trial count, not on the smoke config's 30 s budget: on a loaded CI box that
     budget can pass before a worker completes an epoch, and a run that counted none fails.
+    Its search runs in processes of its own (``search.processes=1``: the expansions, and TPE),
+    as a large machine's does, so the tests of every real run go through them.
     """
     results = tmp_path_factory.mktemp("smoke-results")
     proc = subprocess.run(
-        aiperf_cmd("run", "--config", "smoke", "--set", f"run.results_dir={results}", *SMOKE_RUN_BOUNDS),
+        aiperf_cmd(
+            "run",
+            "--config",
+            "smoke",
+            "--set",
+            f"run.results_dir={results}",
+            "--set",
+            "search.processes=1",
+            *SMOKE_RUN_BOUNDS,
+        ),
         capture_output=True,
         text=True,
         env=cli_env(),

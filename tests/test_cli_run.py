@@ -31,6 +31,12 @@ def test_smoke_run_trains_distinct_architectures_and_scores(smoke_run):
     trained = {r["trial"] for r in epochs}
     archs = {r["arch_id"] for r in records if r["type"] == "trial_start" and r["trial"] in trained}
     assert len(archs) >= 3, f"only {len(archs)} distinct architectures were trained"
+    # Its search ran in processes of its own (conftest.smoke_run): the start-up, then children of
+    # completed trials from the tree search, and TPE's re-tunes.
+    assert records[0]["config"]["search"]["processes"] == 1
+    started = [r for r in records if r["type"] == "trial_start"]
+    assert any(r["info"].get("strategy") == "bayesian" for r in started), [r["info"] for r in started]
+    assert any(r["kind"] == "tune" for r in started)
     # The worker's step count reaches the record (full batches only, docs/ledger.md).
     assert all(r["steps"] >= 1 and r["steps"] * r["batch_size"] == r["train_images"] for r in epochs)
     # Two trials really overlapped in time on different workers.

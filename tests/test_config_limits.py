@@ -97,3 +97,14 @@ def test_search_processes_auto_starts_expansion_processes_only_for_a_large_first
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
     assert expand_processes(load_config("default"), workers) == processes
     assert expand_processes(load_config("default", ["search.processes=3"]), workers) == 3
+
+
+@pytest.mark.parametrize(("workers", "ahead"), [(1, 0), (1023, 0), (1024, 8), (131_072, 8)])
+def test_tpe_is_asked_ahead_from_a_thousand_workers_whatever_the_processes(workers, ahead):
+    from aiperf.engine.search import search_settings
+
+    for processes in ("0", "4"):
+        cfg = load_config("default", [f"search.processes={processes}"])
+        settings = search_settings(cfg, 64, workers=workers)
+        assert settings.tune_ahead == ahead  # the processes never change what is proposed
+        assert settings.processes == int(processes)

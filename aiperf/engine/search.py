@@ -131,6 +131,17 @@ def expand_processes(cfg: Config, workers: int) -> int:
     return max(0, min(MAX_AUTO_EXPAND_PROCESSES, cores - 1))
 
 
+def tune_ahead(workers: int) -> int:
+    """How many TPE asks are made early (nas.tuner_ahead): TUNE_AHEAD from AUTO_EXPAND_WORKERS concurrent trials.
+
+    Decided by the workers, not the processes, so the processes never change what is proposed.
+    Below that, each re-tune is asked when proposed, after every result so far (small runs lose nothing).
+    """
+    from aiperf.config import AUTO_EXPAND_WORKERS, TUNE_AHEAD
+
+    return TUNE_AHEAD if workers >= AUTO_EXPAND_WORKERS else 0
+
+
 def search_settings(cfg: Config, plan_batch: int, largest_batch: int | None = None, workers: int = 1) -> SearchSettings:
     """The search part of a config; ``plan_batch`` is the plan's batch size (the default of every trial),
     ``largest_batch`` the biggest batch a trial may ask for (None: no bound), ``workers`` the trials
@@ -167,6 +178,7 @@ def search_settings(cfg: Config, plan_batch: int, largest_batch: int | None = No
         candidates=s.candidates,
         batch=search_batch(cfg, workers),
         processes=expand_processes(cfg, workers),
+        tune_ahead=tune_ahead(workers),
         default_hparams=defaults,
         hparam_space=space,
     )

@@ -90,21 +90,81 @@ def test_a_pool_size_out_of_range_is_refused(processes):
         ExpandPool(processes, LIMITS)
 
 
-def test_a_search_with_expansion_processes_proposes_what_one_without_does_and_closes_them():
-    def proposals(processes: int) -> list[str]:
-        settings = SearchSettings(seed=2, candidates=16, landmarks=12, processes=processes)
-        search = make_proposer(settings, SEED, LIMITS)
-        keys = []
-        for k in range(600):  # the seed, start-up children and re-tunes; then results arrive
-            keys.append(search.ask(f"t{k}").graph.key())
-            if k >= 400:
-                search.tell(f"t{k - 400}", 0.5, True)
-        pool = search._expander  # type: ignore[attr-defined]
-        assert pool is None  # the first result ended the start-up, and its processes with it
-        search.close()
-        return keys
+def _search_keys(processes: int, asks: int = 600, batch: int = 1, kill_at: int | None = None):
+    """Proposals of a search whose results start after 400 asks (the start-up, then the tree search's steady state)."""
+    settings = SearchSettings(seed=2, candidates=16, landmarks=12, processes=processes, batch=batch, tune_ahead=4)
+    search = make_proposer(settings, SEED, LIMITS)
+    keys, tree = [], 0
+    for k in range(asks):
+        if k == kill_at:
+            for proc in search._expander._procs:  # type: ignore[attr-defined]
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.process.pid, signal.SIGKILL)
+                proc.process.join(10)
+        proposal = search.ask(f"t{k}")
+        keys.append(proposal.graph.key())
+        tree += proposal.info.get("strategy") == "bayesian"
+        if k >= 400:
+            search.tell(f"t{k - 400}", 0.3 + 0.6 * ((k * 7919) % 101) / 101, True)
+    return search, keys, tree
 
-    assert proposals(2) == proposals(0)
+
+@pytest.fixture(scope="module")
+def search_inline():
+    search, keys, tree = _search_keys(0)
+    search.close()
+    assert tree > 50, "the steady state's tree search proposed most of the last asks"
+    return keys
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+def test_a_search_with_expansion_processes_proposes_what_one_without_does_and_closes_them(search_inline, batch):
+    search, keys, _ = _search_keys(2, batch=batch)
+    pool = search._expander  # type: ignore[attr-defined]
+    try:
+        # The start-up's processes went on with the tree search's expansions: their counts reached the master.
+        assert pool is not None and search._grower.active  # type: ignore[attr-defined]
+        assert all(proc.process.is_alive() for proc in pool._procs)
+        assert search.tuner.in_process  # TPE in a process of its own, asked four ahead as without one
+        tuner_process = search.tuner._process
+        learned = [key for key in keys[400:] if key in search.limits._flops]
+        assert len(learned) > 50
+    finally:
+        search.close()
+    assert not any(proc.process.is_alive() for proc in pool._procs) and not tuner_process.is_alive()
+    if batch == 1:
+        assert keys == search_inline
+    else:  # a batch picks from the same candidates, so it proposes other children, but the same whatever the processes
+        assert keys[:400] == search_inline[:400] and keys != search_inline
+        inline, inline_keys, _ = _search_keys(0, batch=batch)
+        inline.close()
+        assert keys == inline_keys
+
+
+def test_tree_search_processes_killed_mid_run_hand_over_to_the_master_with_the_same_proposals(search_inline, caplog):
+    search, keys, _ = _search_keys(2, kill_at=500)
+    search.close()
+    assert keys == search_inline
+    assert "expanding in the master instead" in caplog.text
+
+
+def test_a_resumed_search_starts_its_tree_search_processes_without_a_start_up(search_inline):
+    search, keys, _ = _search_keys(0, asks=450)
+    # What a resume gives a fresh search: every proposal and result so far, then the same asks.
+    settings = SearchSettings(seed=2, candidates=16, landmarks=12, processes=2)
+    resumed = make_proposer(settings, SEED, LIMITS)
+    for k in range(450):
+        trial = search._trials[f"t{k}"]  # type: ignore[attr-defined]
+        value = trial.value
+        resumed.restore(f"t{k}", trial.proposal, value, value is not None)
+    try:
+        asked = [resumed.ask(f"t{k}") for k in range(450, 470)]
+        assert resumed._expander is not None and resumed._grower.active  # type: ignore[attr-defined]
+    finally:
+        resumed.close()
+    search.close()
+    grown = [p.graph.key() for p in asked if p.info.get("strategy") == "bayesian"]
+    assert len(grown) >= 10 and len(set(grown)) == len(grown) and not set(grown) & set(keys)
 
 
 def test_a_machine_without_a_process_pool_expands_in_the_master(monkeypatch, caplog):
@@ -253,3 +313,33 @@ def test_a_packed_child_is_the_child_and_the_limits_verdict_decides_before_the_c
         assert child.graph.key() == item.key and child.verdict == item.verdict and child.flops == item.flops
         assert item.refused(ceiling)
         assert item.refused(float("inf")) == bool(item.verdict)
+
+
+def test_one_expansion_process_ends_with_the_start_up_and_the_tree_search_stays_here(search_inline):
+    # One process cannot shorten a round the master waits for (nas.search.MIN_TREE_PROCESSES); TPE keeps its own.
+    search, keys, _ = _search_keys(1)
+    try:
+        assert search._expander is None and search._grower is None  # type: ignore[attr-defined]
+        assert search.tuner.in_process
+    finally:
+        search.close()
+    assert keys == search_inline
+
+
+def test_a_child_from_a_process_shares_the_layers_it_left_unchanged_with_its_parent():
+    import pickle
+
+    from nas.tree_expand import GrowTask, grow, share_nodes
+
+    growth = grow(GrowTask(SEED, 3, 7, 0, 6), LIMITS.admits_structure, {})
+    assert len(growth.children) == 6
+    for built in growth.children:
+        child = pickle.loads(pickle.dumps(built.graph))  # as it comes from a process: copies of every layer
+        key, nodes = child.key(), child.nodes
+        assert not any(a is b for a in child.nodes for b in SEED.nodes)
+        share_nodes(child, SEED)
+        parent = {n.id: n for n in SEED.nodes}
+        kept = [n for n in child.nodes if n.id in parent and n == parent[n.id]]
+        assert len(kept) >= len(SEED.nodes) - 3 and all(n is parent[n.id] for n in kept)
+        assert child.nodes == nodes and child.key() == key  # the same graph
+        assert [n is parent.get(n.id) for n in child.nodes] == [n in kept for n in child.nodes]
