@@ -85,7 +85,8 @@ def test_search_batch_auto_is_one_architecture_per_64_concurrent_trials_up_to_12
 
 
 @pytest.mark.parametrize(
-    ("workers", "cores", "processes"), [(2, 64, 0), (1023, 64, 0), (1024, 64, 16), (65_536, 8, 7), (4096, 1, 0)]
+    ("workers", "cores", "processes"),
+    [(2, 64, 0), (1023, 64, 0), (1024, 64, 16), (65_536, 8, 7), (65_536, 3, 2), (65_536, 2, 0), (4096, 1, 0)],
 )
 def test_search_processes_auto_starts_expansion_processes_only_for_a_large_first_wave(
     monkeypatch, workers, cores, processes
