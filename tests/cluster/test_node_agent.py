@@ -122,7 +122,7 @@ def test_a_run_with_one_actor_per_node_survives_a_worker_process_killed_mid_tria
     env = cli_env()
     env.pop("RAY_ADDRESS", None)
     run = start_cli(
-        "run", "--config", "smoke", "--set", "cluster.actors=per_node", "--set", "run.time_budget_s=100",
+        "run", "--config", "smoke", "--set", "cluster.actors=per_node", "--set", "run.time_budget_s=45",
         "--set", f"run.results_dir={results}",
         env=env,
     )  # fmt: skip
