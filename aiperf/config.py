@@ -282,7 +282,6 @@ class SearchConfig(_Section):
         description="other processes of the master's machine expanding the start-up children (and from 2 on"
         " the tree search's nodes), plus one for TPE when above 0; auto: none below"
         f" {AUTO_EXPAND_WORKERS} concurrent trials, else one per free core up to {MAX_AUTO_EXPAND_PROCESSES}"
-        " when that is 2 or more"
         " (docs/search.md)",
     )
 

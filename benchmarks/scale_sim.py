@@ -234,6 +234,9 @@ class ScaleResult:
     idle_fraction: float
     steady_idle_fraction: float  # after the first trial length
     first_trial_all_busy_s: float | None  # simulated time until every worker was running
+    first_trial_mean_s: float | None  # a worker's mean wait for its first trial: the start-up's share of the idle
+    startup_nodes: int  # start-up nodes whose children were handed out
+    startup_nodes_in_master: int  # of those, expanded by the master while its expansion processes were behind
     master_load_last: float  # real master seconds per simulated second over the last trial length (1 = saturated)
     search_batch: int = 1  # architectures per GP fit
     best_reward: float = 0.0  # best final simulated accuracy of a completed trial
@@ -398,6 +401,7 @@ def simulate(
         idle_fraction=max(0.0, 1.0 - total / (workers * end)),
         steady_idle_fraction=max(0.0, 1.0 - steady / (workers * (end - trial_s))) if end > trial_s else float("nan"),
         first_trial_all_busy_s=max(starts) if len(starts) == workers else None,
+        first_trial_mean_s=sum(starts) / workers if len(starts) == workers else None,
         master_load_last=load,
         search_batch=proposer.inner.settings.batch,
         best_reward=best,
@@ -406,14 +410,17 @@ def simulate(
         ledger_records=records,
         ledger_bytes=(ledger_dir / "ledger.jsonl").stat().st_size,
         windows=_windows(pool, proposer, workers, end),
+        startup_nodes=search.startup.nodes_taken if search.startup else 0,
+        startup_nodes_in_master=search.startup.expanded_here if search.startup else 0,
     )
 
 
 def _row(r: ScaleResult) -> str:
     busy = "-" if r.first_trial_all_busy_s is None else f"{r.first_trial_all_busy_s:.1f}"
+    mean = "-" if r.first_trial_mean_s is None else f"{r.first_trial_mean_s:.2f}"
     return (
         f"{r.workers:>7} {r.trial_s / 60:>6.1f} {r.run_s / 60:>7.1f} {r.trials_started:>8} {r.epochs:>8}"
-        f" {r.wall_s:>8.1f} {r.master_cpu_s:>8.1f} {busy:>9} {100 * r.idle_fraction:>7.3f}"
+        f" {r.wall_s:>8.1f} {r.master_cpu_s:>8.1f} {busy:>9} {mean:>10} {100 * r.idle_fraction:>7.3f}"
         f" {100 * r.steady_idle_fraction:>8.3f} {r.master_load_last:>6.3f} {r.search_batch:>5}"
         f" {r.best_reward:>7.4f} {r.distinct_architectures:>7} {r.master_peak_rss_mib:>7.0f}"
     )
@@ -503,8 +510,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     header = (
         f"{'workers':>7} {'trial':>6} {'run':>7} {'trials':>8} {'epochs':>8} {'wall_s':>8} {'cpu_s':>8}"
-        f" {'all_busy':>9} {'idle_%':>7} {'steady_%':>8} {'load':>6} {'batch':>5} {'best':>7} {'archs':>7}"
-        f" {'rss_MiB':>7}"
+        f" {'all_busy':>9} {'first_mean':>10} {'idle_%':>7} {'steady_%':>8} {'load':>6} {'batch':>5} {'best':>7}"
+        f" {'archs':>7} {'rss_MiB':>7}"
     )
     print(header, flush=True)
     results = []
@@ -521,6 +528,8 @@ def main(argv: list[str] | None = None) -> int:
             profiler.disable()
         results.append(r)
         print(_row(r), flush=True)
+        if r.startup_nodes_in_master:
+            print(f"  start-up: the master expanded {r.startup_nodes_in_master} of {r.startup_nodes} nodes itself")
         if args.windows:
             print(_window_table(r), flush=True)
             if k < len(counts) - 1:

@@ -71,13 +71,15 @@ def expand_unsent(graph: Graph, kernel: int, seed: int, limits: Limits, ceiling:
     A child over the limits or above the FLOPs ceiling is sent pickled inside its message
     (:class:`~nas.startup.Packed`): the master unpickles it only if the ceiling rises past it.
     """
-    out: list[Expanded | Packed] = []
-    for item in expand(graph, kernel, seed, limits):
-        key = item.graph.key()
-        if key not in _SENT:
-            _SENT.add(key)
-            out.append(Packed.of(item) if refused(item.verdict, item.flops, ceiling) else item)
-    return out
+
+    def sent_before(key: str) -> bool:  # asked once a child, before the child is judged
+        if key in _SENT:
+            return True
+        _SENT.add(key)
+        return False
+
+    children = expand(graph, kernel, seed, limits, skip=sent_before)
+    return [Packed.of(item) if refused(item.verdict, item.flops, ceiling) else item for item in children]
 
 
 class _Grower:
@@ -132,6 +134,9 @@ class _Expansion:
     def __init__(self, future: Future[Any], pool: ExpandPool) -> None:
         self.future = future
         self._pool = pool
+
+    def done(self) -> bool:
+        return self.future.done()
 
     def result(self) -> list[Expanded | Packed]:
         try:

@@ -90,6 +90,10 @@ class SearchSettings:
     processes: int = 0  # other processes expanding start-up children and tree-search nodes (nas.expand_pool); 0: none
     # TPE's asks made this many early (nas.tuner_ahead); with processes, TPE runs in one more of its own
     tune_ahead: int = 0
+    # Until a trial completes, up to this many re-tunes (of the seed) come before the start-up children
+    # instead of among them: they cost the master next to nothing, so the first wave's workers start
+    # sooner on average. The share of re-tunes over the run stays retune_fraction.
+    first_wave_tunes: int = 0
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -106,6 +110,7 @@ class SearchSettings:
             ("batch", 1),
             ("processes", 0),
             ("tune_ahead", 0),
+            ("first_wave_tunes", 0),
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -245,6 +250,7 @@ class AutoMLSearch(Proposer[TrialProposal]):
         else:
             self._asks += 1
             want_tune = math.floor(self.settings.retune_fraction * self._asks) > self._tunes
+            want_tune = want_tune or (not self._origins and self._tunes < self.settings.first_wave_tunes)
             proposal = self._tune(trial_id) if want_tune else None
             proposal = proposal or self._arch() or self._tune(trial_id, anywhere=True)
             if proposal is None:  # the seed lineage can always be re-tuned, so this is a bug
@@ -254,6 +260,11 @@ class AutoMLSearch(Proposer[TrialProposal]):
 
     def at(self, progress: float) -> None:
         self._progress = min(max(float(progress), 0.0), 1.0)
+
+    @property
+    def startup(self) -> StartupChildren | None:
+        """The start-up's walk from the seed (None before the first start-up child): benchmarks read its counts."""
+        return self._startup
 
     def _steady_state(self) -> None:
         """The start-up is over: its expansion processes go on with the tree search's expansions, or end.

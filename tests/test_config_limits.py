@@ -86,7 +86,7 @@ def test_search_batch_auto_is_one_architecture_per_64_concurrent_trials_up_to_12
 
 @pytest.mark.parametrize(
     ("workers", "cores", "processes"),
-    [(2, 64, 0), (1023, 64, 0), (1024, 64, 16), (65_536, 8, 7), (65_536, 3, 2), (65_536, 2, 0), (4096, 1, 0)],
+    [(2, 64, 0), (1023, 64, 0), (1024, 64, 16), (65_536, 8, 7), (65_536, 3, 2), (65_536, 2, 1), (4096, 1, 0)],
 )
 def test_search_processes_auto_starts_expansion_processes_only_for_a_large_first_wave(
     monkeypatch, workers, cores, processes
@@ -109,3 +109,13 @@ def test_tpe_is_asked_ahead_from_a_thousand_workers_whatever_the_processes(worke
         settings = search_settings(cfg, 64, workers=workers)
         assert settings.tune_ahead == ahead  # the processes never change what is proposed
         assert settings.processes == int(processes)
+
+
+@pytest.mark.parametrize(
+    ("workers", "fraction", "tunes"), [(8, 0.25, 0), (1023, 0.25, 0), (1024, 0.25, 256), (65_536, 0.1, 6553)]
+)
+def test_the_first_waves_re_tunes_come_first_from_a_thousand_workers(workers, fraction, tunes):
+    from aiperf.engine.search import search_settings
+
+    cfg = load_config("default", [f"search.retune_fraction={fraction}"])
+    assert search_settings(cfg, 64, workers=workers).first_wave_tunes == tunes  # small runs keep their order

@@ -71,6 +71,9 @@ MAX_UNSYNCED_S = 1.0
 # The most the run's end waits for the kept weight sets still being collected from their nodes (each is
 # collected as its trial ends, so only the last few remain; one not collected by then gets no file).
 COLLECT_AT_END_S = 5.0
+# From this many workers waiting for their first trial on, no trial is held for another worker (_next_for):
+# holding saves one compile on a busy worker, and each of the waiting ones waits a proposal more for it.
+HOLD_WAITING_LIMIT = 1024
 # The cyclic collector's first generation runs after this many allocations instead of 700: the master
 # allocates graphs, specs and records by the hundred thousand and frees them by reference counting, and
 # the collections were 10-18 % of its CPU in a 32,768-worker start-up (benchmarks/RESULTS.md, "The
@@ -413,7 +416,10 @@ class Master:
         waits for work while another trial is held. A held trial saves one compile but makes
         each of the ``waiting`` workers after this one (idle ones that never had a trial) wait
         one proposal longer; where that costs more than the compile saves -- the start-up fill
-        of thousands of workers -- this worker takes the proposal itself.
+        of thousands of workers -- this worker takes the proposal itself. The cost is judged by
+        the proposals of the moment, which can be cheaper than the next ones (the first wave's
+        re-tunes come before its start-up children), so from HOLD_WAITING_LIMIT waiting workers
+        on nothing is held: a trial held then reached its worker only after the whole fill.
         """
         held = self.held.pop(worker, None)
         if held is not None:
@@ -430,7 +436,7 @@ class Master:
             self._ask_s += 0.05 * (self.clock() - asked - self._ask_s)
             if self.proposed % 2000 == 0:
                 gc.freeze()  # move what the search has accumulated out of the collector's view
-            if waiting * self._ask_s > self.settings.held_trial_worth_s:
+            if waiting >= HOLD_WAITING_LIMIT or waiting * self._ask_s > self.settings.held_trial_worth_s:
                 return state  # holding it would cost the waiting workers more than the compile it saves
             other = self._compiled_elsewhere(state.compile_key, worker)
             if other is None:

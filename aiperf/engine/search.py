@@ -116,9 +116,10 @@ def search_batch(cfg: Config, workers: int) -> int:
 def expand_processes(cfg: Config, workers: int) -> int:
     """Processes expanding the start-up children: the config's, or for ``auto`` none below
     AUTO_EXPAND_WORKERS concurrent trials (their start-up takes seconds in this process) and
-    otherwise one per core this process may use beyond its own, at most MAX_AUTO_EXPAND_PROCESSES,
-    and none where that is only one: on a 2-core box one process left 0.843 % of the worker time
-    idle at 65,536 simulated workers by the wall clock, none 0.743 % (benchmarks/RESULTS.md).
+    otherwise one per core this process may use beyond its own, at most MAX_AUTO_EXPAND_PROCESSES.
+    Even one helps on a 2-core box, as the master expands nodes itself while the process is behind
+    (nas.startup): at 65,536 simulated workers by the wall clock 0.492-0.533 % of the worker time
+    idle with one, 0.622 % with none (benchmarks/RESULTS.md, "The start-up fill by the wall clock").
 
     The processes change when the children are ready, never which they are: proposals are the
     same for any number (nas.startup).
@@ -130,8 +131,7 @@ def expand_processes(cfg: Config, workers: int) -> int:
     if workers < AUTO_EXPAND_WORKERS:
         return 0
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    processes = min(MAX_AUTO_EXPAND_PROCESSES, cores - 1)
-    return processes if processes >= 2 else 0
+    return max(0, min(MAX_AUTO_EXPAND_PROCESSES, cores - 1))
 
 
 def tune_ahead(workers: int) -> int:
@@ -143,6 +143,19 @@ def tune_ahead(workers: int) -> int:
     from aiperf.config import AUTO_EXPAND_WORKERS, TUNE_AHEAD
 
     return TUNE_AHEAD if workers >= AUTO_EXPAND_WORKERS else 0
+
+
+def first_wave_tunes(cfg: Config, workers: int) -> int:
+    """Re-tunes proposed before the start-up children (nas.search.SearchSettings.first_wave_tunes).
+
+    From AUTO_EXPAND_WORKERS concurrent trials, the first wave's share of them (``retune_fraction``
+    of ``workers``): there the fill takes seconds, and a re-tune of the seed costs the master a
+    fraction of a start-up child, so taking them first shortens the first wave's mean wait. Below
+    that the order is the usual one (small runs are unchanged).
+    """
+    from aiperf.config import AUTO_EXPAND_WORKERS
+
+    return int(cfg.search.retune_fraction * workers) if workers >= AUTO_EXPAND_WORKERS else 0
 
 
 def search_settings(cfg: Config, plan_batch: int, largest_batch: int | None = None, workers: int = 1) -> SearchSettings:
@@ -182,6 +195,7 @@ def search_settings(cfg: Config, plan_batch: int, largest_batch: int | None = No
         batch=search_batch(cfg, workers),
         processes=expand_processes(cfg, workers),
         tune_ahead=tune_ahead(workers),
+        first_wave_tunes=first_wave_tunes(cfg, workers),
         default_hparams=defaults,
         hparam_space=space,
     )

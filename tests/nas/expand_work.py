@@ -13,3 +13,13 @@ def large_result_after_a_mark(graph, kernel, seed, limits, ceiling):
     payload = b"x" * RESULT_BYTES
     Path(os.environ["AIPERF_TEST_EXPAND_MARK"]).write_text("sending")
     return payload
+
+
+def slow_expand_unsent(graph, kernel, seed, limits, ceiling):
+    """The processes' own work, a quarter of a second late: slower than the master, as on a busy head node."""
+    import time
+
+    from nas.expand_pool import expand_unsent
+
+    time.sleep(0.25)
+    return expand_unsent(graph, kernel, seed, limits, ceiling)

@@ -54,6 +54,30 @@ def test_children_from_processes_are_those_expanded_here_in_the_same_order(inlin
     assert _children(None, 200, seed=5) != inline_children[:200]  # the run's seed orders the walk
 
 
+def test_while_a_process_is_behind_the_master_expands_nodes_itself_and_the_walk_is_the_same(inline_children):
+    from expand_work import slow_expand_unsent
+
+    # The master hands out every start-up child of a node in about a millisecond; a node takes the
+    # process a quarter of a second more, so the master must not wait: it expands the queued nodes
+    # the process has not been given, and the process's share is what it managed meanwhile.
+    pool = ExpandPool(1, LIMITS, work=slow_expand_unsent)
+    startup = StartupChildren(SEED, 4, 3, LIMITS, LIMITS.admits, 3, pool)
+    try:
+        out = []
+        for _ in range(1500):
+            grown = startup.next(lambda key: False)
+            assert grown is not None
+            out.append((grown[0].key(), grown[1]))
+    finally:
+        pool.close()
+    assert out == inline_children
+    assert startup.expanded_here > 0, "the master waited for the process instead of expanding"
+    from nas.startup import _Done
+
+    still_queued = sum(isinstance(expansion, _Done) for _, _, expansion in startup._queue)
+    assert startup.nodes_taken > startup.expanded_here - still_queued, "every node taken was the master's"
+
+
 def test_a_pool_whose_processes_are_killed_hands_over_to_this_process_without_a_gap(inline_children, caplog):
     pool = ExpandPool(2, LIMITS)
 

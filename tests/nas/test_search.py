@@ -237,6 +237,37 @@ def test_restore_rebuilds_the_search_from_the_ledger():
     assert all(p.graph.key() not in taken for p in fresh if p.kind == "arch")
 
 
+def test_the_first_waves_re_tunes_come_first_and_the_share_of_re_tunes_is_kept():
+    # 40 workers, a quarter of the asks re-tunes: the first wave's 10 come before its start-up children,
+    # then none until the asks catch up, then one in four again. A resumed search goes on alike.
+    settings = _settings(seed=2, retune_fraction=0.25, first_wave_tunes=10)
+    search = make_proposer(settings, SEED, LIMITS)
+    proposals = [search.ask(f"t{k:03d}") for k in range(61)]
+    kinds = [str(p.kind) for p in proposals]
+    assert kinds[0] == "seed" and kinds[1:11] == ["tune"] * 10 and kinds[11:41] == ["arch"] * 30
+    assert kinds[41:61].count("tune") == 5  # one in four from the 41st ask on: 15 of 60 in all
+    assert kinds.count("tune") == math.floor(0.25 * 60)
+
+    plain = make_proposer(_settings(seed=2, retune_fraction=0.25), SEED, LIMITS)
+    usual = [plain.ask(f"t{k:03d}") for k in range(61)]
+    assert [str(p.kind) for p in usual[1:4]] == ["arch"] * 3 and [p.kind for p in usual].count("tune") == 15
+    children = [p.graph.key() for p in proposals if p.kind == "arch"]
+    assert children == [p.graph.key() for p in usual if p.kind == "arch"], "the same start-up children, in order"
+
+    resumed = make_proposer(settings, SEED, LIMITS)
+    for k in range(25):
+        resumed.restore(f"t{k:03d}", proposals[k], None, False)
+    assert [str(resumed.ask(f"t{k:03d}").kind) for k in range(25, 61)] == kinds[25:]
+
+
+def test_once_a_trial_has_completed_the_re_tunes_are_not_brought_forward():
+    search = make_proposer(_settings(seed=2, retune_fraction=0.25, first_wave_tunes=50), SEED, LIMITS)
+    first = search.ask("t000")
+    search.tell("t000", _score(first.graph), True)  # the seed completed: the start-up is over
+    kinds = [str(search.ask(f"t{k:03d}").kind) for k in range(1, 9)]
+    assert kinds.count("tune") == 2, kinds
+
+
 def _rescanned_status(search: AutoMLSearch, key: str) -> ArchitectureStatus | None:
     """What the search knows of ``key``, recomputed from all of its trials (the rule the aggregates keep)."""
     trials = [t for t in search._trials.values() if t.key == key and t.state != "failed"]

@@ -150,6 +150,19 @@ def test_a_trial_is_held_only_while_that_costs_the_idle_workers_less_than_the_co
         assert not master.held
 
 
+def test_with_a_thousand_workers_waiting_nothing_is_held_however_cheap_the_proposals(tmp_path):
+    # The first wave's re-tunes take microseconds each, but the start-up children after them take a
+    # millisecond: a re-tune held for a busy worker then leaves a waiting one to the dearer proposals.
+    from aiperf.engine.master import HOLD_WAITING_LIMIT
+
+    seed = _seed()
+    master, _ = _master(tmp_path, [seed.with_dropout(0.3), seed.with_dropout(0.2), _child()], free=["w0"])
+    master._note_compiled("w1", compile_key(seed))  # w1 is busy with the seed
+    assert master._next_for("w0", waiting=HOLD_WAITING_LIMIT).trial_id == "t00000" and not master.held
+    assert master._next_for("w2", waiting=HOLD_WAITING_LIMIT - 1).trial_id == "t00002"  # the child ...
+    assert master.held["w1"].trial_id == "t00001"  # ... as with fewer waiting the re-tune is held for w1
+
+
 def test_at_the_trial_cap_a_held_trial_goes_to_the_idle_worker(tmp_path):
     seed = _seed()
     master, pool = _master(tmp_path, [seed, _child()], free=["w0"])
