@@ -38,7 +38,7 @@ _EXPORTS = {
     "load_config": "aiperf.config",
     "Dataset": "aiperf.datasets",
     "load_dataset": "aiperf.datasets",
-    "count_flops": "aiperf.metrics.flops",
+    "count_flops": "aiperf.families.image.flops",
     "compute_score": "aiperf.metrics.score",
     "evaluate_rules": "aiperf.metrics.rules",
     "read_ledger": "aiperf.record.ledger",

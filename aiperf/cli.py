@@ -31,7 +31,7 @@ from nas.errors import NasError
 
 if TYPE_CHECKING:
     from nas.graph import Graph
-    from nas.transformer import TransformerSpec
+    from nas.language.spec import TransformerSpec
 
 
 class _Parser(argparse.ArgumentParser):
@@ -273,7 +273,7 @@ def _cmd_system(args: argparse.Namespace) -> int:
 
 
 def _cmd_flops(args: argparse.Namespace) -> int:
-    from aiperf.metrics.flops_report import flops_report, transformer_flops_report
+    from aiperf.families.image.flops_report import flops_report, transformer_flops_report
 
     spec = _load_transformer(args.file)
     if spec is not None:
@@ -292,7 +292,7 @@ def _load_transformer(path: str) -> TransformerSpec | None:
 
     from aiperf.engine.search import read_spec_file
     from nas.errors import NasError
-    from nas.transformer import FORMAT, TransformerSpec
+    from nas.language.spec import FORMAT, TransformerSpec
 
     if Path(path).suffix.lower() != ".json":
         return None
@@ -310,7 +310,7 @@ def _load_transformer(path: str) -> TransformerSpec | None:
 
 def _load_graph(path: str) -> Graph:
     """An architecture JSON (``nas.serialize``) or a saved Keras model (``.keras``, ``.h5``), as a graph."""
-    from aiperf.training.keras_import import KERAS_FILE_SUFFIXES, graph_from_keras_file
+    from aiperf.families.image.keras_import import KERAS_FILE_SUFFIXES, graph_from_keras_file
 
     if Path(path).suffix.lower() in KERAS_FILE_SUFFIXES:
         return graph_from_keras_file(path)

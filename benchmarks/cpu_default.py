@@ -39,9 +39,9 @@ def seed_throughput(threads: int, epochs: int, reps: int, backend: str) -> dict[
     from aiperf.config import load_config
     from aiperf.datasets import load_dataset
     from aiperf.engine.search import seed_architecture
-    from aiperf.metrics.flops import count_flops
+    from aiperf.families.image.flops import count_flops
+    from aiperf.families.image.trainer import TrainerSettings, TrialRunner
     from aiperf.training.backend import choose_jit, choose_precision, describe_device
-    from aiperf.training.trainer import TrainerSettings, TrialRunner
     from aiperf.training.trial import TrialSpec
 
     cfg = load_config("default")

@@ -20,7 +20,7 @@ hyperparameters, on 2 slots of 1 CPU each, for the same time budget; the engines
   the seed reuse its compiled model as aiperf's workers do: it shows where aiperf's lead comes from.
 
 Per engine: counted OPS (sum over completed epochs of train images x train FLOPs/image + eval
-images x eval FLOPs/image, ``aiperf.metrics.flops.epoch_operations``, over the search's wall time:
+images x eval FLOPs/image, ``aiperf.families.image.flops.epoch_operations``, over the search's wall time:
 aiperf's ledger ``t`` 0 -> ``run_stop``, Tune's ``Tuner.fit()`` call -> return; aiperf's own
 ``score.ops_per_s``, which stops its clock at the last counted epoch, is shown too, with the same
 figure for Tune). Only epochs that end within the budget count, for both engines: aiperf's master
@@ -101,8 +101,8 @@ def _append_event(path: str, event: dict[str, Any]) -> None:
 
 def _trainer_settings(cfg: Any, threads: int) -> Any:
     """The ``TrainerSettings`` an aiperf worker of a ``threads``-CPU slot derives (``TrialWorker.__init__``)."""
+    from aiperf.families.image.trainer import TrainerSettings
     from aiperf.training.backend import choose_jit, choose_precision, describe_device
-    from aiperf.training.trainer import TrainerSettings
 
     backend = cfg.model.backend
     device = describe_device(backend)
@@ -161,8 +161,8 @@ def tune_trial(config: dict[str, Any], setup: dict[str, Any]) -> None:
     entered = time.time()
     trial_id = tune.get_context().get_trial_id()
     state, load_s = _actor_setup(setup)
-    from aiperf.metrics.flops import count_flops, epoch_operations
-    from aiperf.training.trainer import TrialRunner
+    from aiperf.families.image.flops import count_flops, epoch_operations
+    from aiperf.families.image.trainer import TrialRunner
     from aiperf.training.trial import TrialSpec, apply_hparams
     from nas.serialize import graph_to_dict
 
@@ -360,7 +360,7 @@ def figures(
 
 def analyse_aiperf(run_dir: Path) -> dict[str, Any]:
     """aiperf's figures from its ledger (OPS recounted from the trials' graphs) and its summary's score."""
-    from aiperf.metrics.flops import count_flops, epoch_operations
+    from aiperf.families.image.flops import count_flops, epoch_operations
     from aiperf.record.ledger import read_raw_ledger
     from nas.serialize import graph_from_dict
 

@@ -45,7 +45,7 @@ sys.path.insert(0, "benchmarks")
 from aiperf.training.backend import choose_jit, choose_precision, configure_process, describe_device
 configure_process(backend, os.cpu_count() or 1, cache)
 import common
-from aiperf.training.trainer import TrainerSettings, TrialRunner
+from aiperf.families.image.trainer import TrainerSettings, TrialRunner
 from aiperf.training.trial import TrialSpec
 device = describe_device(backend)
 graph = common.benchmark_net(arch, int(image))

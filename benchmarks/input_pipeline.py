@@ -3,7 +3,7 @@
 On an ImageNet-like tree (written by ``aiperf make-imagenet``: JPEGs around 110 KB, its quirks
 included), at 224x224 by default:
 
-1. **decode + augment**: the pipeline the workers run (``aiperf.training.stream_input.TrainStream``:
+1. **decode + augment**: the pipeline the workers run (``aiperf.families.image.stream_input.TrainStream``:
    read, fused JPEG crop-decode, random-resized crop, resize, flip, batch) drained without a
    model, with 1, 2, ... decode threads: images/s and images/s per core. Reference, in the same
    run: one core decoding the same files with Pillow and cropping/flipping with NumPy in a plain
@@ -110,7 +110,7 @@ def load(tree: Path, size: int, storage: str) -> Any:
 # -- 1. decode + augment ----------------------------------------------------------------------------
 def pipeline_rate(dataset: Any, threads: int, batch: int, passes: int, backend: str) -> dict[str, Any]:
     """Images/s of the workers' training pipeline drained as fast as it produces, best of ``passes``."""
-    from aiperf.training.stream_input import TrainStream
+    from aiperf.families.image.stream_input import TrainStream
 
     best = 0.0
     batch = max(1, min(batch, dataset.train_size // 4))  # a tiny tree still gives several batches
@@ -165,7 +165,7 @@ def reference_rate(files: list[str], size: int, limit_s: float = 60.0) -> dict[s
 
 # -- 2. trainer streamed vs resident ----------------------------------------------------------------
 def trainer_rate(dataset: Any, graph: Any, args: argparse.Namespace, settings: Any, seed: int) -> dict[str, Any]:
-    from aiperf.training.trainer import TrialRunner
+    from aiperf.families.image.trainer import TrialRunner
     from aiperf.training.trial import TrialSpec
 
     runner = TrialRunner(dataset, settings, args.backend)
@@ -181,8 +181,8 @@ def trainer_rate(dataset: Any, graph: Any, args: argparse.Namespace, settings: A
 
 
 def compare_trainer(tree: Path, args: argparse.Namespace, kind: str) -> dict[str, Any]:
+    from aiperf.families.image.trainer import TrainerSettings
     from aiperf.training.backend import choose_jit, choose_precision, describe_device
-    from aiperf.training.trainer import TrainerSettings
 
     device = describe_device(args.backend)
     precision = choose_precision("auto", device)

@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 
-from aiperf.metrics.flops import TrainFlopsPerImage
+from aiperf.families.image.flops import TrainFlopsPerImage
 from nas.graph import Graph
 from nas.hpo import HyperparameterSpace
 from nas.limits import Limits

@@ -20,7 +20,7 @@ import argparse
 import time
 from typing import Any
 
-from aiperf.engine.family import ImageFamily
+from aiperf.families.image.family import ImageFamily
 from nas import zoo
 from nas.serialize import graph_to_dict
 

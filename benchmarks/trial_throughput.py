@@ -2,7 +2,7 @@
 
 For each architecture -- the seed (``small_resnet``), ResNet-50, and a "searched" net (the
 seed after six random morphs, fixed RNG seed) -- three things train the same Keras model
-(``aiperf.training.model.build_model``) at the same batch size and precision:
+(``aiperf.families.image.model.build_model``) at the same batch size and precision:
 
 * **reference**: a minimal compiled training step written by hand -- JAX:
   ``model.stateless_call`` + ``jax.value_and_grad`` + an SGD/Nesterov update, ``jax.jit``
@@ -139,7 +139,7 @@ def make_reference(
     backend: str,
 ) -> tuple[Any, dict[str, float]]:
     """The reference loop for the same net and precision, compiled and warmed up; returns it and its set-up times."""
-    from aiperf.training.model import build_model
+    from aiperf.families.image.model import build_model
 
     t0 = time.perf_counter()
     model = build_model(
@@ -311,8 +311,8 @@ def measure(
 ) -> dict[str, Any]:
     import keras
 
-    from aiperf.metrics.flops import count_flops
-    from aiperf.training.trainer import TrainerSettings, TrialRunner, activation_bytes, batch_limit
+    from aiperf.families.image.flops import count_flops
+    from aiperf.families.image.trainer import TrainerSettings, TrialRunner, activation_bytes, batch_limit
     from aiperf.training.trial import TrialSpec
 
     defaults = GPU_DEFAULTS if kind == "gpu" else CPU_DEFAULTS
@@ -412,7 +412,7 @@ def warm_up(precision: str, jit: Any, device_memory: int) -> dict[str, float]:
     A worker pays that once, on its first trial; every later trial pays only its own build
     and compile, which is what the per-architecture start-up figures should show.
     """
-    from aiperf.training.trainer import TrainerSettings, TrialRunner
+    from aiperf.families.image.trainer import TrainerSettings, TrialRunner
     from aiperf.training.trial import TrialSpec
 
     dataset = common.synthetic_dataset((8, 8, 3), 10, 64, 32)

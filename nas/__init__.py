@@ -29,9 +29,9 @@ _EXPORTS = {
     "TrialProposal": "nas.proposer",
     "SearchSettings": "nas.search",
     "make_proposer": "nas.search",
-    "TransformerSpec": "nas.transformer",
-    "LMMorph": "nas.transformer_morph",
-    "transformer_flops": "nas.transformer_flops",
+    "TransformerSpec": "nas.language.spec",
+    "LMMorph": "nas.language.morph",
+    "transformer_flops": "nas.language.flops",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -286,7 +286,7 @@ class LandmarkEmbedding(Generic[A]):
     The scaling keeps the Euclidean norm of a difference on the scale of one distance, so the
     length-scale bounds do not depend on how many landmarks there are. Any family with a
     ``key()`` and a batched ``cross`` distance embeds so: image graphs (the default distance,
-    :class:`nas.distance.ArchitectureDistance`) and transformer specs (:class:`nas.lm_distance.LMDistance`).
+    :class:`nas.distance.ArchitectureDistance`) and transformer specs (:class:`nas.language.distance.LMDistance`).
     """
 
     def __init__(self, landmarks: Sequence[A], distance: CrossDistance[A] | None = None) -> None:

@@ -154,7 +154,7 @@ def normalise_hparams(values: Mapping[str, Any]) -> dict[str, Any]:
 
 
 class TunedSpace(Protocol):
-    """What the tuner samples from: the image networks' space, or a language model's (nas.lm_hpo)."""
+    """What the tuner samples from: the image networks' space, or a language model's (nas.language.hpo)."""
 
     def distributions(self) -> dict[str, BaseDistribution]: ...
 

@@ -1,4 +1,4 @@
-"""Check ``aiperf.training.model`` on one Keras backend; run in a subprocess with ``KERAS_BACKEND`` set.
+"""Check ``aiperf.families.image.model`` on one Keras backend; run in a subprocess with ``KERAS_BACKEND`` set.
 
 Keras fixes its backend when it is first imported, so each backend needs its own process:
 
@@ -90,7 +90,7 @@ def relative_error(got: np.ndarray, want: np.ndarray) -> float:
 def run_checks(graphs: int, seed: int) -> dict:
     import keras
 
-    from aiperf.training.model import build_model, get_weights, set_weights
+    from aiperf.families.image.model import build_model, get_weights, set_weights
     from nas.forward import forward, init_weights
 
     keras.utils.set_random_seed(seed)

@@ -17,8 +17,8 @@ import pytest
 from helpers import REPO, aiperf_cmd, cli_env, run_cli
 
 from aiperf.record.ledger import read_raw_ledger
-from nas.transformer import TransformerSpec
-from nas.transformer_flops import transformer_flops
+from nas.language.flops import transformer_flops
+from nas.language.spec import TransformerSpec
 
 pytestmark = pytest.mark.slow
 
@@ -144,7 +144,15 @@ def test_the_official_workload_trains_from_token_shards_every_worker_opens(tmp_p
         (src / path.name).write_bytes(path.read_bytes()[:20_000])
     shards = tmp_path / "shards"
     convert = subprocess.run(
-        [*aiperf_cmd()[:2], "aiperf.datasets.token_shards", "convert", str(src), str(shards), "--val-fraction", "0.1"],
+        [
+            *aiperf_cmd()[:2],
+            "aiperf.families.language.token_shards",
+            "convert",
+            str(src),
+            str(shards),
+            "--val-fraction",
+            "0.1",
+        ],
         capture_output=True,
         text=True,
         env=cli_env(),

@@ -99,15 +99,20 @@ def test_verbose_flag_logs_to_stderr_after_the_command_too():
 
 
 def test_package_modules_import_without_side_effects():
-    for name in ("aiperf.metrics.flops", "aiperf.record.ledger", "aiperf.engine.master", "aiperf.training.trial"):
+    for name in (
+        "aiperf.families.image.flops",
+        "aiperf.record.ledger",
+        "aiperf.engine.master",
+        "aiperf.training.trial",
+    ):
         importlib.import_module(name)
 
 
 def test_master_never_imports_the_model_builder_or_a_framework():
     code = (
         "import sys, aiperf.engine.master, aiperf.engine.run; "
-        "print(sorted(m for m in ('aiperf.training.model', 'aiperf.training.trainer', 'keras', 'tensorflow') "
-        "if m in sys.modules))"
+        "print(sorted(m for m in ('aiperf.families.image.model', 'aiperf.families.image.trainer', 'keras', "
+        "'tensorflow') if m in sys.modules))"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), timeout=60)
     assert proc.stdout.strip() == "[]", proc.stdout + proc.stderr

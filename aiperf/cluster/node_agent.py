@@ -35,8 +35,8 @@ from typing import Any
 from aiperf.cluster.messages import EpochReport, TrialDone, TrialEnded, TrialMessage, TrialStarted
 from aiperf.cluster.node_weights import NodeStore, StartWeights, WeightSource, resolve_start
 from aiperf.datasets.base import Dataset
-from aiperf.datasets.language import LanguageData
 from aiperf.errors import first_line
+from aiperf.families.language.data import LanguageData
 from aiperf.training.trial import TrialSpec
 
 logger = logging.getLogger(__name__)

@@ -28,7 +28,7 @@ from typing import Any
 from aiperf.cluster.messages import StoredWeights
 from aiperf.errors import first_line
 from aiperf.training.trial import TrialSpec, Weights
-from nas.transformer import Weights as LMWeights
+from nas.language.spec import Weights as LMWeights
 
 logger = logging.getLogger(__name__)
 

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from aiperf.cluster.resources import NodeInfo
     from aiperf.config import Config
     from aiperf.datasets.base import Dataset
-    from aiperf.datasets.language import LanguageData
+    from aiperf.families.language.data import LanguageData
 
 logger = logging.getLogger(__name__)
 

@@ -371,7 +371,7 @@ class SimulatedWorkerPool(WorkerPool):
         """Fixed ``epoch_s``, or the epoch's counted operations at ``device_ops_per_s``."""
         if not self.device_ops_per_s:
             return self.epoch_s
-        from aiperf.metrics.flops import count_flops, epoch_operations
+        from aiperf.families.image.flops import count_flops, epoch_operations
 
         cost = count_flops(spec.architecture())
         train, evaluate = epoch_operations(cost, self.images[0], self.images[1], int(spec.hparams["batch_size"]))

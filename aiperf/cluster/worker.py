@@ -30,11 +30,11 @@ from aiperf.training.trial import TrialSpec
 if TYPE_CHECKING:
     from aiperf.cluster.plan import Slot
     from aiperf.config import Config
-    from aiperf.datasets.language import LanguageData
+    from aiperf.families.image.trainer import TrainerSettings
+    from aiperf.families.language.data import LanguageData
+    from aiperf.families.language.runner import LMTrialRunner
     from aiperf.system.ceiling import Ceiling
     from aiperf.training.backend import DeviceInfo
-    from aiperf.training.lm_runner import LMTrialRunner
-    from aiperf.training.trainer import TrainerSettings
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ class TrialWorker:
 
         backend, threads = settings.backend, settings.threads
         configure_process(backend, threads, node_compile_cache(settings.compile_cache))
-        from aiperf.training.trainer import TrialRunner
+        from aiperf.families.image.trainer import TrialRunner
 
         if isinstance(dataset, Dataset) and dataset.streaming:
             from aiperf.datasets.census import check_readable
@@ -119,7 +119,7 @@ class TrialWorker:
         if isinstance(dataset, Dataset):
             self.runner = TrialRunner(dataset, trainer, backend)
         else:  # a language run: its workers open the token shards here, once (a node that cannot read them fails now)
-            from aiperf.training.lm_runner import LMRunnerSettings, LMTrialRunner
+            from aiperf.families.language.runner import LMRunnerSettings, LMTrialRunner
 
             lm = LMRunnerSettings(
                 precision=trainer.precision,
@@ -299,8 +299,8 @@ def trainer_settings(settings: WorkerSettings, device: DeviceInfo) -> TrainerSet
     ``aiperf audit`` re-evaluates and re-trains a run's trials with the settings this gives for
     the run's recorded config, so it trains as the run's workers did.
     """
+    from aiperf.families.image.trainer import TrainerSettings
     from aiperf.training.backend import choose_jit, choose_precision
-    from aiperf.training.trainer import TrainerSettings
 
     return TrainerSettings(
         precision=choose_precision(settings.precision, device),

@@ -5,7 +5,7 @@ an ImageNet tree); otherwise a seeded stratified split is drawn. Class ids follo
 class folder names. ``dataset.storage`` decides how the images reach the trainer: ``memory``
 decodes them once (grayscale if every image is, RGB otherwise, stretched to ``image_size``),
 ``stream`` hands the workers (file, label) lists that they decode per batch with the
-standard augmentation (:mod:`aiperf.training.stream_input`), and ``auto`` streams a folder
+standard augmentation (:mod:`aiperf.families.image.stream_input`), and ``auto`` streams a folder
 whose decoded images would exceed ``IN_MEMORY_LIMIT_BYTES``. Files that cannot be decoded,
 or are gone by the time they are read, are skipped and counted (:mod:`aiperf.datasets.bad_images`);
 in memory this happens here, streamed it happens on the workers.

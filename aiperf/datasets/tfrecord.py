@@ -8,7 +8,7 @@ are the held-out split.
 
 Loading decodes no image: record counts come from the shards' framing (seeks only), the
 number of classes from the validation labels (max + 1). Streamed -- the usual case -- the
-workers read the shards (:mod:`aiperf.training.stream_input`); ``dataset.storage=memory``
+workers read the shards (:mod:`aiperf.families.image.stream_input`); ``dataset.storage=memory``
 decodes every record here, once, with Pillow (skipping and counting what cannot be decoded).
 """
 

@@ -46,8 +46,8 @@ if TYPE_CHECKING:
     from aiperf.cluster.resources import NodeInfo
     from aiperf.engine.progress import Progress
     from nas.graph import Graph
+    from nas.language.spec import TransformerSpec
     from nas.proposer import Proposer
-    from nas.transformer import TransformerSpec
 
 
 def system_description(
@@ -170,7 +170,7 @@ def open_session(
     (:func:`aiperf.engine.resume.replay`): then this session records ``resume``, closes the
     trials the dead master was running as ``lost``, and the master carries on its counts.
     """
-    from aiperf.engine.family import family_for
+    from aiperf.families import family_for
     from aiperf.record.mllog import attach as attach_mllog
 
     resumed = header if isinstance(header, ResumePoint) else None

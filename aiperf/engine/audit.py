@@ -15,7 +15,7 @@ matching ``summary.json`` verifies. The audit goes back to the evidence:
    the epoch whose weights were stored (the trial's last epoch); a language run's trials
    (``run_start.family`` ``language``, docs/llm.md) are rebuilt from their recorded
    transformer and evaluated on the run's fixed validation windows by the trainer's own
-   evaluation (:mod:`aiperf.training.lm_evaluate`), their bits per byte compared;
+   evaluation (:mod:`aiperf.families.language.evaluate`), their bits per byte compared;
 4. ``--retrain K``: K sampled trials are trained again from their recorded spec
    (architecture, hyperparameters, seed, inherited parent weights) through the workers' own
    code (:class:`~aiperf.cluster.worker.TrialWorker`), in this process; each epoch's
@@ -69,11 +69,11 @@ if TYPE_CHECKING:  # imported where they are used: the frameworks load only when
     from aiperf.cluster.worker import TrialWorker, WorkerSettings
     from aiperf.config import Config
     from aiperf.datasets.base import Dataset
-    from aiperf.datasets.language import LanguageData
     from aiperf.engine.weights import LMWeights, Weights
-    from aiperf.training.lm_trainer import LMData
+    from aiperf.families.language.data import LanguageData
+    from aiperf.families.language.trainer import LMData
     from nas.graph import Graph
-    from nas.transformer import TransformerSpec
+    from nas.language.spec import TransformerSpec
 
 # Re-evaluation is deterministic given the weights, the data and the code; what can differ on
 # another machine (or thread count) is the summation order inside the framework's kernels, which
@@ -269,7 +269,7 @@ def _load_data(cfg: Config, header: RunStartRecord) -> Dataset | LanguageData:
             f"{cfg.dataset.name} is of the {cfg.family} family"
         )
     if header.family == "language":
-        from aiperf.datasets.language import load_language_data
+        from aiperf.families.language.data import load_language_data
 
         dataset = load_language_data(cfg)
     else:
@@ -329,7 +329,7 @@ def _graph(start: TrialStartRecord) -> Graph:
 def _transformer(start: TrialStartRecord) -> TransformerSpec:
     """The transformer a language trial's workers built (hyperparameters do not change its spec)."""
     from nas.errors import NasError
-    from nas.transformer import TransformerSpec
+    from nas.language.spec import TransformerSpec
 
     if start.transformer is None:
         raise _no_architecture("language")
@@ -350,7 +350,7 @@ def _stored_weights(path: Path, arch: TransformerSpec, name: str) -> LMWeights: 
 def _stored_weights(path: Path, arch: Graph | TransformerSpec, name: str) -> Weights | LMWeights:
     """A weights file read back only once its headers declare ``arch``'s arrays (names, shapes, sizes)."""
     from aiperf.engine.weights import WeightsFileError, load_lm_weights, load_weights
-    from nas.transformer import TransformerSpec
+    from nas.language.spec import TransformerSpec
 
     try:
         if isinstance(arch, TransformerSpec):
@@ -384,9 +384,9 @@ def _stored_path(run_dir: Path, rec: WeightsRecord) -> Path:
 def reevaluate(run_dir: Path, cfg: Config, dataset: Dataset, threads: int, trial: str, t: _Trial) -> TrialCheck:
     """Rebuild ``trial`` from its recorded architecture and stored weights; compare the stored epoch's val_acc."""
     from aiperf.cluster.worker import trainer_settings
+    from aiperf.families.image.input_pipeline import eval_batch_size
+    from aiperf.families.image.trainer import TrialRunner, classification_metrics
     from aiperf.training.backend import describe_device
-    from aiperf.training.input_pipeline import eval_batch_size
-    from aiperf.training.trainer import TrialRunner, classification_metrics
 
     epoch = _stored_epoch(trial, t)
     if isinstance(epoch, TrialCheck):
@@ -428,9 +428,9 @@ def reevaluate_lm(run_dir: Path, cfg: Config, windows: LMData, threads: int, tri
     """Rebuild language ``trial`` from its recorded transformer and stored weights, evaluate it on the run's
     validation windows (``windows``) as its worker did, and compare the stored epoch's val_acc and bits per byte."""
     from aiperf.cluster.worker import trainer_settings
+    from aiperf.families.language.evaluate import evaluate_lm_weights
+    from aiperf.families.language.runner import BITS_PER_BYTE_SCALE, lm_precision
     from aiperf.training.backend import describe_device
-    from aiperf.training.lm_evaluate import evaluate_lm_weights
-    from aiperf.training.lm_runner import BITS_PER_BYTE_SCALE, lm_precision
 
     epoch = _stored_epoch(trial, t)
     if isinstance(epoch, TrialCheck):
@@ -605,7 +605,7 @@ def _reevaluate_targets(
     threads: int,
 ) -> list[str]:
     """Re-evaluate every target with weights on disk; returns the targets that had none."""
-    from aiperf.datasets.language import LanguageData
+    from aiperf.families.language.data import LanguageData
 
     windows = dataset.windows() if isinstance(dataset, LanguageData) else None  # a shard folder opened once
     no_weights = []

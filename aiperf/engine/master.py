@@ -34,9 +34,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from aiperf.cluster.messages import BadImagesReport, EpochReport, EventKind, StoredWeights, TrialDone, TrialStarted
 from aiperf.cluster.pool import FINAL_ANSWER_S, PoolEvent, WorkerPool
 from aiperf.datasets.bad_images import over_limit, skipped_note, too_many_bad_images
-from aiperf.engine.family import Family, ImageFamily, Prepared
 from aiperf.engine.progress import Progress
 from aiperf.engine.weights import SavedFile, WeightStore
+from aiperf.families import Family, Prepared
+from aiperf.families.image.family import ImageFamily
 from aiperf.record.ledger import LedgerWriter
 from aiperf.record.schema import (
     BadImagesRecord,
@@ -91,7 +92,7 @@ class TrialState:
     """The master's view of one trial across its attempts."""
 
     trial_id: str
-    proposal: Any  # the family's proposal (nas.proposer.TrialProposal, nas.lm_search.LMTrialProposal)
+    proposal: Any  # the family's proposal (nas.proposer.TrialProposal, nas.language.search.LMTrialProposal)
     prepared: Prepared  # the architecture as trained (an image graph with the trial's dropout rate), its cost
     seed: int
     attempt: int = 0

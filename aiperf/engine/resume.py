@@ -167,7 +167,7 @@ class ResumePoint:
 
 def proposal_from_record(rec: TrialStartRecord, family: str = "image") -> Any:
     """The proposal a trial_start record describes, as the search made it (of the run's family)."""
-    from aiperf.engine.family import family_for
+    from aiperf.families import family_for
 
     return family_for(family).proposal_from_record(rec)
 

@@ -29,14 +29,14 @@ from aiperf.record.files import remove_temporaries
 from aiperf.record.inert import inert
 from aiperf.record.ledger import LEDGER_NAME
 from aiperf.record.schema import DatasetHeader, RunStartRecord
-from nas.transformer import TransformerSpec
+from nas.language.spec import TransformerSpec
 
 if TYPE_CHECKING:
     from aiperf.cluster.plan import Plan
     from aiperf.cluster.resources import NodeInfo
-    from aiperf.datasets.language import LanguageData
     from aiperf.engine.master import Master
     from aiperf.engine.weights import AnyWeights
+    from aiperf.families.language.data import LanguageData
     from aiperf.record.runlock import RunLock
     from aiperf.record.telemetry import TelemetryRecorder
     from nas.graph import Graph
@@ -218,7 +218,7 @@ def _run(
 def _data_and_seed(cfg: Config, out: Output) -> tuple[Dataset | LanguageData, Graph | TransformerSpec]:
     """The run's data and its search's seed architecture, of the config's family; one line says what was loaded."""
     if cfg.family == "language":
-        from aiperf.datasets.language import load_language_data
+        from aiperf.families.language.data import load_language_data
 
         data = load_language_data(cfg)
         spec = lm_seed_spec(cfg, data.vocab_size)

@@ -22,11 +22,11 @@ from nas.graph import Graph
 from nas.proposer import Proposer, TrialProposal
 
 if TYPE_CHECKING:
+    from nas.language.search import LMTrialProposal
+    from nas.language.spec import TransformerSpec
     from nas.limits import Limits
-    from nas.lm_search import LMTrialProposal
     from nas.schedule import SizeSchedule
     from nas.search import SearchSettings
-    from nas.transformer import TransformerSpec
 
 logger = logging.getLogger(__name__)
 
@@ -209,7 +209,7 @@ def make_search(
     With the ``dataset`` the trials will train on, no trial asks for a batch its epochs cannot fill.
     ``workers``: the trials that run at once (how many architectures one GP fit proposes).
     """
-    from aiperf.metrics.flops import TrainFlopsPerImage
+    from aiperf.families.image.flops import TrainFlopsPerImage
     from nas.limits import Limits
     from nas.search import make_proposer
 
@@ -253,7 +253,7 @@ def lm_seed_spec(cfg: Config, vocab_size: int) -> TransformerSpec:
     """
     import json
 
-    from nas.transformer import TransformerSpec
+    from nas.language.spec import TransformerSpec
 
     name = cfg.lm.seed_architecture
     try:
@@ -284,9 +284,9 @@ def lm_seed_spec(cfg: Config, vocab_size: int) -> TransformerSpec:
 
 def make_lm_search(cfg: Config, seed: TransformerSpec) -> Proposer[LMTrialProposal]:
     """The proposer of a language run: GP-UCB over function-preserving transformer growth, with TPE re-tunes."""
-    from nas.lm_hpo import LMHyperparameterSpace
-    from nas.lm_search import LMLimits, LMSearchSettings
-    from nas.lm_search import make_lm_search as build
+    from nas.language.hpo import LMHyperparameterSpace
+    from nas.language.search import LMLimits, LMSearchSettings
+    from nas.language.search import make_lm_search as build
 
     lm, s = cfg.lm, cfg.search
     try:

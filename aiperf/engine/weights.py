@@ -14,7 +14,7 @@ one cannot be written (a full disk) the set stays in memory, no partial file is 
 goes on, and the problem is logged once per cause as a warning.
 
 An image set's arrays are stored as ``node:index`` members, a language model's
-(:mod:`nas.transformer`) by their weight names; either kind goes through the same store.
+(:mod:`nas.language.spec`) by their weight names; either kind goes through the same store.
 A stored file is read back (``--resume``, ``aiperf audit``) from its headers first: the zip's
 declared sizes and each ``.npy`` member's shape and dtype are checked against the architecture
 (or, without one, against the absolute caps below) before any array is unpacked, so a small file
@@ -48,12 +48,12 @@ from aiperf.record.files import write_atomic
 
 if TYPE_CHECKING:
     from nas.graph import Graph
-    from nas.transformer import TransformerSpec
+    from nas.language.spec import TransformerSpec
 
 logger = logging.getLogger(__name__)
 
 Weights = dict[int, list[np.ndarray]]
-LMWeights = dict[str, np.ndarray]  # a language model's set (nas.transformer.Weights)
+LMWeights = dict[str, np.ndarray]  # a language model's set (nas.language.spec.Weights)
 AnyWeights = Weights | LMWeights
 
 # Every array a weights file holds: get_weights() stores float32 whatever the precision policy.
@@ -89,7 +89,7 @@ class SavedFile:
 
 def weights_bytes(weights: AnyWeights) -> bytes:
     """The ``.npz`` bytes of a weight set: an image set's arrays named ``node:index``, a language
-    model's by their own names (:func:`nas.transformer.init_weights`'s, which hold no ``:``, so
+    model's by their own names (:func:`nas.language.spec.init_weights`'s, which hold no ``:``, so
     the two kinds of file never read as each other)."""
     arrays: dict[str, Any]
     if all(isinstance(k, str) for k in weights):

@@ -405,7 +405,7 @@ class RunStartRecord(Record):
     rules: RulesHeader = RulesHeader()
     versions: dict[str, Any] = {}
     system: SystemHeader = SystemHeader()
-    # image: convolutional networks on images (nas.graph); language: transformer LMs on tokens (nas.transformer).
+    # image: convolutional networks on images (nas.graph); language: transformer LMs on tokens (nas.language.spec).
     # Absent before 2026-11-26: image.
     family: Literal["image", "language"] = "image"
     seed_architecture: dict[str, Any] | None = None  # the family's own format: a graph, or a transformer spec
@@ -444,7 +444,7 @@ class TrialStartRecord(Record):
     lineage: list[str] = []
     arch_id: str
     graph: dict[str, Any] | None = None  # an image trial's architecture (nas.serialize)
-    transformer: dict[str, Any] | None = None  # a language trial's (nas.transformer, format aiperf-transformer)
+    transformer: dict[str, Any] | None = None  # a language trial's (nas.language.spec, format aiperf-transformer)
     hparams: TrialHparams = TrialHparams()
     flops: TrialFlops
     params: Count

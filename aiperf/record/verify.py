@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any, Generic, cast
 
 from aiperf.errors import AiperfError, excerpt
-from aiperf.metrics.flops import GraphCost, aiperf_compatible_per_image, count_flops, epoch_operations
+from aiperf.families.image.flops import GraphCost, aiperf_compatible_per_image, count_flops, epoch_operations
 from aiperf.metrics.score import format_ops
 from aiperf.record.files import read_regular
 from aiperf.record.inert import inert
@@ -72,9 +72,9 @@ from aiperf.record.summary import MAX_SUMMARY_BYTES, SUMMARY_NAME, RunDigest, bu
 from aiperf.record.telemetry import read_telemetry
 from nas.errors import NasError
 from nas.graph import Graph
+from nas.language.flops import TransformerFlops, transformer_flops
+from nas.language.spec import TransformerSpec
 from nas.serialize import graph_from_dict
-from nas.transformer import TransformerSpec
-from nas.transformer_flops import TransformerFlops, transformer_flops
 
 REL_TOL = 1e-9  # JSON round-trips floats exactly; this only absorbs summation order
 MAX_LISTED = 10

@@ -254,8 +254,8 @@ def test_the_audit_trains_with_the_trainer_settings_the_run_recorded(audited_run
     from aiperf.cluster.worker import WorkerSettings, trainer_settings
     from aiperf.engine.audit import audit_run
     from aiperf.engine.resume import recorded_config, run_start
+    from aiperf.families.image import trainer as trainer_module
     from aiperf.record.ledger import read_ledger
-    from aiperf.training import trainer as trainer_module
     from aiperf.training.backend import describe_device
 
     run = tmp_path / "run"

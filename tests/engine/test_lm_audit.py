@@ -23,7 +23,6 @@ from helpers import ledger_records, rechain
 keras = pytest.importorskip("keras")
 
 from aiperf.config import load_config  # noqa: E402
-from aiperf.datasets.language import load_language_data  # noqa: E402
 from aiperf.engine.audit import (  # noqa: E402
     REEVAL_TOLERANCE_BITS_PER_BYTE,
     _load_data,
@@ -31,9 +30,13 @@ from aiperf.engine.audit import (  # noqa: E402
     audit_run,
     reevaluate_lm,
 )
-from aiperf.engine.family import LMCost  # noqa: E402
 from aiperf.engine.weights import load_lm_weights, save_weights  # noqa: E402
 from aiperf.errors import AiperfError  # noqa: E402
+from aiperf.families.language.data import load_language_data  # noqa: E402
+from aiperf.families.language.evaluate import evaluate_lm_weights  # noqa: E402
+from aiperf.families.language.family import LMCost  # noqa: E402
+from aiperf.families.language.runner import LMRunnerSettings, LMTrialRunner, lm_quality  # noqa: E402
+from aiperf.families.language.trainer import train_lm_trial  # noqa: E402
 from aiperf.record.ledger import LedgerWriter, read_ledger  # noqa: E402
 from aiperf.record.schema import (  # noqa: E402
     EpochRecord,
@@ -49,13 +52,10 @@ from aiperf.record.schema import (  # noqa: E402
 )
 from aiperf.record.summary import build_summary, save_summary  # noqa: E402
 from aiperf.record.verify import verify_run  # noqa: E402
-from aiperf.training.lm_evaluate import evaluate_lm_weights  # noqa: E402
-from aiperf.training.lm_runner import LMRunnerSettings, LMTrialRunner, lm_quality  # noqa: E402
-from aiperf.training.lm_trainer import train_lm_trial  # noqa: E402
 from aiperf.training.trial import TrialSpec  # noqa: E402
-from nas.transformer import TransformerSpec, init_weights  # noqa: E402
-from nas.transformer_flops import transformer_flops  # noqa: E402
-from nas.transformer_morph import LMMorph, apply_spec_morph  # noqa: E402
+from nas.language.flops import transformer_flops  # noqa: E402
+from nas.language.morph import LMMorph, apply_spec_morph  # noqa: E402
+from nas.language.spec import TransformerSpec, init_weights  # noqa: E402
 
 SEQ, BATCH, STEPS, WINDOWS, EPOCHS = 16, 4, 2, 2, 2
 SPEC = TransformerSpec(vocab_size=256, seq_len=SEQ, width=16, head_dim=8, heads=(2,), mlp_hidden=(32,))

@@ -22,7 +22,7 @@ from aiperf.engine.weights import (
     load_weights,
     weights_bytes,
 )
-from nas.transformer import TransformerSpec, init_weights
+from nas.language.spec import TransformerSpec, init_weights
 
 SPEC = TransformerSpec(vocab_size=256, seq_len=16, width=16, head_dim=8, heads=(2,), mlp_hidden=(32,))
 

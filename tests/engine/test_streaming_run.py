@@ -160,7 +160,7 @@ def _delete_when_trials_start(tmp_path: Path, folder: Path) -> dict:
     site.mkdir()
     (site / "sitecustomize.py").write_text(
         "import shutil\n"
-        "import aiperf.training.trainer as trainer\n"
+        "import aiperf.families.image.trainer as trainer\n"
         "original = trainer.TrialRunner.run\n"
         "def run(self, spec, *args, **kwargs):\n"
         f"    shutil.rmtree({str(folder)!r}, ignore_errors=True)\n"
@@ -245,7 +245,7 @@ def test_trials_failing_the_same_way_fail_the_run(tmp_path):
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(
-        "import aiperf.training.trainer as trainer\n"
+        "import aiperf.families.image.trainer as trainer\n"
         "def run(self, spec, *args, **kwargs):\n"
         "    raise RuntimeError('simulated deterministic failure in trial ' + spec.trial_id)\n"
         "    yield\n"

@@ -1,6 +1,6 @@
 """A small language-model run written as the master writes one: typed records through ``LedgerWriter``.
 
-Its counts are computed here as the master computes them (``nas.transformer_flops``), not with
+Its counts are computed here as the master computes them (``nas.language.flops``), not with
 the readers under test, so a reader that recounts them checks something.
 """
 
@@ -22,8 +22,8 @@ from aiperf.record.schema import (
     TrialStatus,
 )
 from aiperf.record.summary import build_summary, save_summary
-from nas.transformer import TransformerSpec, seed_spec
-from nas.transformer_flops import transformer_flops
+from nas.language.flops import transformer_flops
+from nas.language.spec import TransformerSpec, seed_spec
 
 SEQ_LEN, BATCH, STEPS, EVAL_WINDOWS = 64, 8, 5, 16
 BYTES_PER_TOKEN = 1.0  # byte tokens

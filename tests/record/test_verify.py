@@ -185,7 +185,7 @@ def _forge(run_dir, records):
 
 def _recount(records):
     """Recompute every epoch's operation counts from its (forged) image counts, as check 3 would."""
-    from aiperf.metrics.flops import aiperf_compatible_operations, count_flops, epoch_operations
+    from aiperf.families.image.flops import aiperf_compatible_operations, count_flops, epoch_operations
     from nas.serialize import graph_from_dict
 
     graphs = {r["trial"]: graph_from_dict(r["graph"]) for r in records if r["type"] == RecordType.TRIAL_START}

@@ -38,7 +38,7 @@ def tree(tmp_path_factory):
 
 @pytest.mark.parametrize("storage", ["stream", "memory"])
 def test_a_batch_larger_than_the_training_split_is_clamped_and_trains(tree, storage):
-    from aiperf.training.trainer import TrainerSettings, TrialRunner
+    from aiperf.families.image.trainer import TrainerSettings, TrialRunner
 
     ds = load_dataset(
         DatasetConfig(name="image_folder", path=str(tree), image_size=SIZE, storage=storage, max_bad_fraction=0.2)
@@ -55,7 +55,7 @@ def test_a_batch_larger_than_the_training_split_is_clamped_and_trains(tree, stor
 
 
 def test_a_class_folder_deleted_while_training_is_missing_not_undecodable(tree, tmp_path):
-    from aiperf.training.trainer import TrainerSettings, TrialRunner
+    from aiperf.families.image.trainer import TrainerSettings, TrialRunner
 
     copy = tmp_path / "tree"
     shutil.copytree(tree, copy)

@@ -1,0 +1,1 @@
+"""The image classification family: graphs of convolutions trained on labelled images."""

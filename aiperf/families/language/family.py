@@ -1,0 +1,88 @@
+"""The language family's part of running a trial: transformer specs, FLOPs per token (docs/flops.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from aiperf.families.base import FamilyName, Prepared
+from aiperf.record.schema import TrialFlops, TrialStartRecord
+
+if TYPE_CHECKING:
+    from aiperf.cluster.messages import EpochReport
+    from nas.language.flops import TransformerFlops
+    from nas.language.search import LMTrialProposal
+    from nas.language.spec import TransformerSpec
+
+
+@dataclass(frozen=True, slots=True)
+class LMCost:
+    """A language trial's FLOPs per token at its sequence length and batch (nas.language.flops)."""
+
+    flops: TransformerFlops
+    tokens_per_step: int
+
+    @property
+    def train_per_token(self) -> float:
+        return self.flops.train_per_token(self.tokens_per_step)
+
+    @property
+    def eval_per_token(self) -> float:
+        return self.flops.forward(1)
+
+
+class LanguageFamily:
+    """Transformer language models: specs, FLOPs per token at the trial's sequence length (docs/flops.md)."""
+
+    name: FamilyName = "language"
+
+    def prepare(self, proposal: LMTrialProposal) -> Prepared:
+        from nas.language.flops import transformer_flops
+
+        seq_len, batch = int(proposal.hparams["seq_len"]), int(proposal.hparams["batch_size"])
+        spec = proposal.spec
+        return Prepared(spec, LMCost(transformer_flops(spec, seq_len), batch * seq_len), f"lm:{spec.key()}:{seq_len}")
+
+    def arch_dict(self, arch: TransformerSpec) -> dict[str, Any]:
+        return arch.to_dict()
+
+    def start_fields(self, proposal: LMTrialProposal, prepared: Prepared, batch_size: int) -> dict[str, Any]:
+        cost: LMCost = prepared.cost
+        spec: TransformerSpec = prepared.arch
+        return {
+            "arch_id": spec.key(),
+            "transformer": spec.to_dict(),
+            "flops": TrialFlops(
+                forward=cost.flops.forward(1),
+                backward=cost.flops.backward(1),
+                update_per_step=cost.flops.update_per_step,
+                train_per_token=cost.train_per_token,
+                eval_per_token=cost.eval_per_token,
+            ),
+            "params": spec.params(),
+        }
+
+    def epoch_ops(self, prepared: Prepared, report: EpochReport) -> tuple[float, float, float | None]:
+        """Training: FLOPs per token (its step's update included) x tokens; evaluation: forward x tokens."""
+        cost: LMCost = prepared.cost
+        if report.train_tokens is None or report.eval_tokens is None:
+            raise ValueError("a language epoch report must carry train_tokens and eval_tokens")
+        return cost.train_per_token * report.train_tokens, cost.eval_per_token * report.eval_tokens, None
+
+    def proposal_from_record(self, rec: TrialStartRecord) -> LMTrialProposal:
+        from aiperf.errors import AiperfError
+        from nas.language.search import LMTrialProposal
+
+        if rec.transformer is None:
+            raise AiperfError("its architecture (transformer) is not recorded")
+        return LMTrialProposal.from_dict(
+            {
+                "spec": rec.transformer,
+                "kind": rec.kind,
+                "hparams": rec.hparams.model_dump(exclude_unset=True),
+                "parent": rec.parent,
+                "inherit": rec.inherit,
+                "morphs": rec.morphs,
+                "info": rec.info,
+            }
+        )

@@ -1,0 +1,226 @@
+"""Run one language-model trial inside a worker, yielding the items the worker turns into messages.
+
+The LM counterpart of :class:`~aiperf.families.image.trainer.TrialRunner`: the same ``run(spec,
+parent_weights, resume_weights)`` generator and the same items (``epoch`` per completed epoch,
+then ``done``), so :meth:`~aiperf.cluster.worker.TrialWorker.run_trial` serves both workloads
+unchanged. The trial is :class:`~aiperf.families.language.trainer.LMTraining`; this module chooses its
+starting weights and says each epoch in the worker's words:
+
+* ``train_images`` / ``eval_images`` are sequences (windows), ``train_tokens`` / ``eval_tokens``
+  the tokens the FLOPs scale with, ``train_acc`` is None (not measured);
+* ``val_acc`` is the LM's quality, :func:`lm_quality` of the validation bits per byte, so the
+  search, the best-trial choice and the regulated score read one number for either workload.
+
+A trial starts from its own checkpoint (``resume_weights``, after ``spec.start_epoch`` epochs),
+else from its parent's trained weights replayed through ``spec.morphs`` (function-preserving,
+seeded by the trial seed so every retry starts identically), else from a fresh initialisation.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from aiperf.errors import AiperfError, excerpt, first_line
+from aiperf.families.image.trainer import eval_compile_overhead
+from aiperf.families.language.trainer import PRECISIONS, LMData, LMTraining
+from aiperf.training.trial import TrialSpec
+from nas.errors import NasError
+from nas.language.morph import LMMorph, apply_morph
+from nas.language.spec import TransformerSpec, Weights, check_weights
+
+BITS_PER_BYTE_SCALE = 8.0  # quality 0 at 8 bits per byte: no better than storing the bytes as they are
+
+
+def lm_quality(bits_per_byte: float) -> float:
+    """``clamp(1 - bits_per_byte / 8, 0, 1)``: higher is better and in [0, 1], as an accuracy is."""
+    return min(1.0, max(0.0, 1.0 - bits_per_byte / BITS_PER_BYTE_SCALE))
+
+
+def lm_precision(requested: str) -> str:
+    """The LM trainer's precision for a worker's: ``mixed_float16`` trains in ``float32``.
+
+    fp16 needs loss scaling, which the LM trainer does not do; a worker on a GPU older than
+    bf16 (compute capability 7.x) is given ``mixed_float16`` for images and trains LMs in float32
+    rather than failing. Anything the trainer does not know is refused by name.
+    """
+    if requested == "mixed_float16":
+        return "float32"
+    if requested not in PRECISIONS:
+        raise AiperfError(
+            f"LM worker: precision must be one of {', '.join(PRECISIONS)} or mixed_float16, got {excerpt(requested)}"
+        )
+    return requested
+
+
+@dataclass(frozen=True)
+class LMRunnerSettings:
+    """How this worker trains language models: fixed for its lifetime."""
+
+    precision: str  # the worker's trainer precision; see lm_precision
+    jit_compile: bool | str  # "auto" | True | False, to Keras's compile
+    steps_per_epoch: int
+    eval_windows: int
+
+
+class LanguageSource(Protocol):
+    """What a worker is handed (:class:`~aiperf.families.language.data.LanguageData`): where its windows come from."""
+
+    @property
+    def streaming(self) -> bool: ...
+
+    def windows(self) -> LMData: ...
+
+
+def lm_spec_of(spec: TrialSpec, graph: Any, what: str) -> TransformerSpec:
+    """A trial's architecture document as a :class:`TransformerSpec`; one line naming the trial if it is none."""
+    try:
+        return TransformerSpec.from_dict(graph)
+    except NasError as exc:
+        raise AiperfError(f"trial {spec.trial_id}: {what} is not a language model ({first_line(exc, 200)})") from None
+
+
+def inherit_lm_weights(spec: TrialSpec, parent_weights: Mapping[Any, Any]) -> Weights:
+    """The parent's trained weights replayed through the trial's morphs: function-preserving child weights.
+
+    The replay's random draws come from the trial seed, so every retry starts identically; a
+    replay that does not end at the trial's architecture (a corrupted lineage) raises.
+    """
+    if spec.parent_graph is None:
+        raise AiperfError(f"trial {spec.trial_id}: inherits weights but carries no parent architecture")
+    arch = lm_spec_of(spec, spec.parent_graph, "the parent architecture")
+    target = lm_spec_of(spec, spec.graph, "the architecture")
+    rng = np.random.default_rng(spec.seed)
+    try:
+        check_weights(arch, parent_weights)  # a set of another kind or shape fails here, by name
+        weights: Weights = dict(parent_weights)
+        for raw in spec.morphs:
+            arch, weights = apply_morph(arch, LMMorph.from_dict(raw), weights, rng)
+    except NasError as exc:
+        raise AiperfError(f"trial {spec.trial_id}: replaying the lineage failed ({first_line(exc, 200)})") from None
+    if arch.key() != target.key():
+        raise AiperfError(f"trial {spec.trial_id}: replaying the lineage does not give the proposed architecture")
+    return weights
+
+
+class LMTrialRunner:
+    """Trains language-model trials; one instance per worker, reused for every trial.
+
+    ``dataset`` is the worker's :class:`LanguageSource`: its windows are opened once, here (a
+    token-shard folder is mapped on this node), and every trial reads them.
+    """
+
+    def __init__(self, dataset: LanguageSource, settings: LMRunnerSettings) -> None:
+        self.dataset = dataset
+        self.settings = settings
+        self.precision = lm_precision(settings.precision)
+        self.data = dataset.windows()
+        self.last_training: LMTraining | None = None  # the most recent trial, for inspection (tests)
+
+    def start_weights(
+        self,
+        spec: TrialSpec,
+        parent_weights: Mapping[Any, Any] | None = None,
+        resume_weights: Mapping[Any, Any] | None = None,
+    ) -> Weights | None:
+        """The trial's starting weights: its checkpoint, else its parent's replayed, else None (fresh).
+
+        Typed as any mapping: the worker's weights arrive as whatever crossed the wire, and
+        :class:`~aiperf.families.language.trainer.LMTraining` checks a checkpoint against the spec by name.
+        """
+        if resume_weights is not None:
+            return dict(resume_weights)
+        if parent_weights is not None:
+            return inherit_lm_weights(spec, parent_weights)
+        return None
+
+    def run(
+        self,
+        spec: TrialSpec,
+        parent_weights: Mapping[Any, Any] | None = None,
+        resume_weights: Mapping[Any, Any] | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        """Yield one ``{"type": "epoch", ...}`` per completed epoch, then ``{"type": "done", ...}``.
+
+        The items' keys are :class:`~aiperf.cluster.messages.EpochReport`'s and
+        :class:`~aiperf.cluster.messages.TrialDone`'s fields (plus ``type`` and the epoch's
+        ``window``). An epoch carries its weights as a checkpoint when the spec asks for them,
+        except the last: the ``done`` item carries those.
+        """
+        import keras
+
+        t0 = time.perf_counter()
+        self.last_training = None  # nothing may keep the previous trial's model
+        # A long-lived worker builds a model per trial: Keras's global state (layer-name counters,
+        # TensorFlow's graph) would otherwise grow with every one.
+        keras.backend.clear_session()
+        arch = lm_spec_of(spec, spec.graph, "the architecture")
+        start = self.start_weights(spec, parent_weights, resume_weights)
+        training = LMTraining(
+            arch,
+            spec.hparams,
+            self.data,
+            weights=start,
+            steps_per_epoch=self.settings.steps_per_epoch,
+            eval_windows=self.settings.eval_windows,
+            precision=self.precision,
+            seed=spec.seed,
+            jit_compile=self.settings.jit_compile,
+            start_epoch=spec.start_epoch,
+        )
+        startup_s = time.perf_counter() - t0  # lineage replay, windows, build and compile
+        self.last_training = training
+        plan = training.plan
+        sequences = plan.steps_per_epoch * plan.batch_size
+        windows = int(training.x_val.shape[0])
+        evals: list[float] = []
+        compile_s = 0.0
+        best: float | None = None
+        weights = start
+        for record in training.train():
+            assert training.window is not None
+            evals.append(record.eval_seconds)
+            compile_s += record.compile_seconds
+            quality = lm_quality(record.bits_per_byte)
+            best = quality if best is None else max(best, quality)
+            weights = training.weights()
+            item: dict[str, Any] = {
+                "type": "epoch",
+                "window": training.window,  # this process's perf_counter: fit start to evaluation end
+                "epoch": record.epoch,
+                "train_images": sequences,
+                "eval_images": windows,
+                "train_tokens": record.tokens,
+                "eval_tokens": record.eval_tokens,
+                "train_acc": None,
+                "train_loss": record.train_loss,
+                "val_acc": quality,
+                "val_loss": record.val_loss,
+                "bits_per_byte": record.bits_per_byte,
+                "train_s": record.step_seconds + record.compile_seconds,
+                "eval_s": record.eval_seconds,
+                "batch_size": plan.batch_size,
+                "precision": plan.precision,
+                "steps": record.steps,
+                "input": "stream" if self.dataset.streaming else "memory",
+            }
+            if spec.checkpoint_every_epoch and record.epoch < plan.epochs:
+                item["weights"] = weights
+            yield item
+        first_step_s = training.first_step_seconds
+        yield {
+            "type": "done",
+            "weights": weights if weights is not None else training.weights(),
+            "startup_s": startup_s,
+            "first_step_s": first_step_s,
+            "compile_s": None if first_step_s is None else compile_s + eval_compile_overhead(evals),
+            "step_reused": False,
+            "best_val_acc": best,
+            "batch_size": plan.batch_size,
+            "requested_batch_size": plan.batch_size,
+            "precision": plan.precision,
+        }
