@@ -1,17 +1,22 @@
 """aiperf: an AutoML benchmark for AI supercomputers, scored in counted operations per second.
 
-The packages, bottom layer first (a module never imports from a layer above its own):
+The packages, bottom layer first (a module never imports from a layer above its own; the
+contracts in ``.importlinter`` state this and CI checks it):
 
-* ``aiperf.errors``, ``aiperf.config`` -- the one user-facing error type; the typed run config;
-  ``aiperf.record.schema``, the typed ledger records every layer reads and writes (it imports
-  nothing of aiperf but ``errors``, so it sits at the bottom although it lives beside the ledger).
-* ``aiperf.metrics`` -- analytic FLOPs per layer, the score, the validity rules.
+* ``aiperf.errors``, ``aiperf.config`` -- the one user-facing error type; the typed run config.
+* ``aiperf.ledger`` -- the typed ledger records every layer reads and writes, the hash-chained
+  file, whole-file writes, the run lock, inert text.
+* ``aiperf.metrics`` -- the score, the validity rules, the workloads' rules.
 * ``aiperf.datasets`` -- image classification datasets from local files, split and fingerprinted.
-* ``aiperf.training`` -- trial specs, graph -> Keras models, the trainer, input pipelines, backends.
-* ``aiperf.record`` -- the hash-chained ledger and everything read from it: summary, verify,
-  results tables, MLPerf-style log, telemetry, report.
+* ``aiperf.training`` -- what every family's training shares: trial specs, backends and devices.
+* ``aiperf.families`` -- one subpackage per workload family (image, language): its model
+  builder, trainer, input, data and operation counting, behind one ``Family`` interface.
+* ``aiperf.system`` -- what a node is: CPUs, accelerators, peaks, the measured ceiling, the site.
+* ``aiperf.sampling`` -- what a run samples beside its ledger: telemetry, energy.
+* ``aiperf.results`` -- views computed from a ledger: summary, verify, report, tables, MLPerf log.
 * ``aiperf.cluster`` -- Ray: session, node discovery, sizing plan, long-lived workers, pools.
-* ``aiperf.engine`` -- the master loop, a whole run (and its resume), weight store, scaling study.
+* ``aiperf.engine`` -- the master loop, a whole run (and its resume), weight store, audit, scaling.
+* ``aiperf.submission`` -- packages of runs, their checker and the ranked list.
 * ``aiperf.cli`` -- the ``aiperf`` command.
 
 The names below are the public API, imported lazily so that ``import aiperf`` stays cheap (no
@@ -41,11 +46,11 @@ _EXPORTS = {
     "count_flops": "aiperf.families.image.flops",
     "compute_score": "aiperf.metrics.score",
     "evaluate_rules": "aiperf.metrics.rules",
-    "read_ledger": "aiperf.record.ledger",
-    "build_summary": "aiperf.record.summary",
-    "verify_run": "aiperf.record.verify",
-    "load_results": "aiperf.record.results",
-    "write_report": "aiperf.record.report",
+    "read_ledger": "aiperf.ledger.store",
+    "build_summary": "aiperf.results.summary",
+    "verify_run": "aiperf.results.verify",
+    "load_results": "aiperf.results.tables",
+    "write_report": "aiperf.results.report",
     "run_benchmark": "aiperf.engine.run",
 }
 _RENAMED = {"load_results": "load"}

@@ -265,7 +265,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 def _cmd_system(args: argparse.Namespace) -> int:
     from aiperf.config import load_config
-    from aiperf.system.command import system_command
+    from aiperf.engine.system_command import system_command
 
     cfg = load_config(args.config, args.overrides)
     print(system_command(cfg, args.address, args.site, args.output), file=_stdout())
@@ -337,7 +337,7 @@ def _run_dir(path: str) -> Path:
 
 
 def _note(message: str) -> None:
-    from aiperf.record.inert import inert
+    from aiperf.ledger.inert import inert
 
     with contextlib.suppress(OSError, ValueError, AttributeError):
         print(f"aiperf: note: {inert(message)}", file=sys.stderr, flush=True)
@@ -345,9 +345,9 @@ def _note(message: str) -> None:
 
 def _cmd_summary(args: argparse.Namespace) -> int:
     """Recompute and print; write summary.json unless a live master owns the directory."""
-    from aiperf.record.ledger import LEDGER_NAME, LedgerStream, iter_ledger
-    from aiperf.record.runlock import live_holder
-    from aiperf.record.summary import RunDigest, build_summary, format_summary, save_summary
+    from aiperf.ledger.runlock import live_holder
+    from aiperf.ledger.store import LEDGER_NAME, LedgerStream, iter_ledger
+    from aiperf.results.summary import RunDigest, build_summary, format_summary, save_summary
 
     run_dir = _run_dir(args.run_dir)
     stream = LedgerStream(run_dir)  # read once, a record at a time: the summary, and whether the tail is torn
@@ -375,7 +375,7 @@ def _cmd_summary(args: argparse.Namespace) -> int:
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     """Exit 0 verified, 1 a check failed, 2 the run could not be read (raised as AiperfError)."""
-    from aiperf.record.verify import verify_run
+    from aiperf.results.verify import verify_run
 
     ok, message = verify_run(_run_dir(args.run_dir))
     print(message, file=_stdout())
@@ -392,8 +392,8 @@ def _cmd_audit(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from aiperf.record.inert import inert
-    from aiperf.record.report import write_report
+    from aiperf.ledger.inert import inert
+    from aiperf.results.report import write_report
 
     print(inert(write_report(_run_dir(args.run_dir), args.output)), file=_stdout())  # the path names a folder
     return 0
@@ -511,7 +511,7 @@ MAX_MESSAGE_CHARS = 1000
 def _error(message: str) -> None:
     """One line on stderr, however much of the user's input a message quotes; a closed stderr
     loses the line, never changes the exit code."""
-    from aiperf.record.inert import inert
+    from aiperf.ledger.inert import inert
 
     line = inert(message)  # a quoted name's escape sequence, carriage return or bidi control shows as an escape
     if len(line) > MAX_MESSAGE_CHARS:

@@ -6,7 +6,7 @@ Every module logs through ``logging.getLogger(__name__)``. :func:`configure` giv
 proposed, started on which worker, ended, re-queued; workers ready and lost), ``-vv`` at DEBUG.
 During a run the handler writes through the run's non-blocking stream
 (:func:`through`), so a terminal nobody reads cannot stall the master. A message is made inert
-(:func:`~aiperf.record.inert.inert`): a worker's host name or a file name it quotes cannot move
+(:func:`~aiperf.ledger.inert.inert`): a worker's host name or a file name it quotes cannot move
 the cursor, reorder the line or start a line of its own.
 """
 
@@ -18,7 +18,7 @@ import sys
 from collections.abc import Iterator
 from typing import Protocol
 
-from aiperf.record.inert import inert, inert_lines
+from aiperf.ledger.inert import inert, inert_lines
 
 LOGGERS = ("aiperf", "nas")
 _DETAIL = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")

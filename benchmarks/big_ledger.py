@@ -40,8 +40,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from aiperf.record.ledger import LEDGER_NAME, LedgerWriter, read_ledger
-from aiperf.record.schema import (
+from aiperf.ledger.schema import (
     EpochRecord,
     Record,
     RequeueRecord,
@@ -51,7 +50,8 @@ from aiperf.record.schema import (
     TrialStartRecord,
     WorkerRecord,
 )
-from aiperf.record.summary import write_summary
+from aiperf.ledger.store import LEDGER_NAME, LedgerWriter, read_ledger
+from aiperf.results.summary import write_summary
 
 TRIAL_TYPES = (TrialStartRecord, EpochRecord, TrialEndRecord, RequeueRecord)
 

@@ -93,8 +93,8 @@ def worker_breakdown(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]
 
 def analyse(records: list[dict[str, Any]]) -> dict[str, Any]:
     """The run-level figures: busy fractions, idle gaps and per-trial start-up, from the ledger alone."""
+    from aiperf.ledger.schema import parse_records
     from aiperf.metrics.score import compute_score
-    from aiperf.record.schema import parse_records
 
     workers = worker_breakdown(records)
     alive = sum(w["alive_s"] for w in workers.values())
@@ -129,7 +129,7 @@ def analyse(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 def telemetry_mean(run_dir: Path) -> dict[str, Any] | None:
     """The engine's own telemetry (``telemetry.jsonl``), when the run recorded it."""
-    from aiperf.record.telemetry import read_telemetry
+    from aiperf.sampling.telemetry import read_telemetry
 
     samples = read_telemetry(run_dir)
     if not samples:
@@ -166,7 +166,7 @@ def overrides_for(args: argparse.Namespace) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    from aiperf.record.ledger import read_raw_ledger
+    from aiperf.ledger.store import read_raw_ledger
 
     args = parse_args(argv)
     facts = common.machine_facts()

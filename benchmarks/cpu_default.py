@@ -125,7 +125,7 @@ def seed_throughput_subprocess(threads: int, epochs: int, reps: int, backend: st
 
 def default_run(minutes: float) -> dict[str, Any]:
     """A short ``aiperf run`` of the default config: score, fraction of peak, step fraction."""
-    from aiperf.record.ledger import read_raw_ledger
+    from aiperf.ledger.store import read_raw_ledger
 
     run = whole_run.main(["--config", "default", "--minutes", str(minutes)])
     busy = busy_fraction.analyse(read_raw_ledger(Path(run["run_dir"])))

@@ -361,7 +361,7 @@ def figures(
 def analyse_aiperf(run_dir: Path) -> dict[str, Any]:
     """aiperf's figures from its ledger (OPS recounted from the trials' graphs) and its summary's score."""
     from aiperf.families.image.flops import count_flops, epoch_operations
-    from aiperf.record.ledger import read_raw_ledger
+    from aiperf.ledger.store import read_raw_ledger
     from nas.serialize import graph_from_dict
 
     records = read_raw_ledger(run_dir)

@@ -12,7 +12,7 @@
 3. Reading a ledger: a simulated run (the real master and search on a simulated pool, as
    ``aiperf scaling --simulate`` runs them) is read back as ``aiperf summary`` reads it, and
    the time per record is split into parsing (``json.loads``), the nesting-depth check, the
-   record-shape check (``aiperf.record.schema.parse_records``: each record validated into its
+   record-shape check (``aiperf.ledger.schema.parse_records``: each record validated into its
    typed model) and the summary itself, so the share of the checks in a summary of a large run
    is visible.
 
@@ -81,9 +81,9 @@ def refusals(repeats: int) -> dict[str, float]:
 def ledger_read(nodes: int, budget_s: float, repeats: int) -> dict[str, float]:
     from aiperf.config import load_config
     from aiperf.engine.scaling import SimulationSettings, simulate_run
-    from aiperf.record.ledger import _reject_constant, _too_deep, read_ledger, read_ledger_contents
-    from aiperf.record.schema import parse_records
-    from aiperf.record.summary import build_summary
+    from aiperf.ledger.schema import parse_records
+    from aiperf.ledger.store import _reject_constant, _too_deep, read_ledger, read_ledger_contents
+    from aiperf.results.summary import build_summary
     from nas import zoo
 
     run_dir = Path(tempfile.mkdtemp(prefix="aiperf-ledger-")) / "run"
@@ -150,7 +150,7 @@ def cli_cases() -> dict[str, dict[str, object]]:
     import shutil
     import zipfile
 
-    from aiperf.record.ledger import canonical, read_raw_ledger
+    from aiperf.ledger.store import canonical, read_raw_ledger
 
     folder = Path(tempfile.mkdtemp(prefix="aiperf-hostile-cli-"))
     import sys

@@ -66,7 +66,7 @@ from aiperf.config import load_config
 from aiperf.engine.assembly import open_session, run_start_record
 from aiperf.engine.search import make_search
 from aiperf.engine.weights import WeightStore
-from aiperf.record.schema import DatasetHeader
+from aiperf.ledger.schema import DatasetHeader
 from aiperf.training.trial import TrialSpec
 from nas import zoo
 from nas.graph import Graph

@@ -44,10 +44,10 @@ def _share(part: float, whole: float) -> float | None:
 
 def analyse_run(run_dir: Path) -> dict[str, Any]:
     """One run's score and the figures that explain it, from its ledger alone."""
+    from aiperf.ledger.schema import EpochRecord, RunStartRecord, RunStopRecord, TrialStartRecord, WorkerRecord, of_type
+    from aiperf.ledger.store import read_ledger
     from aiperf.metrics.score import compute_score
     from aiperf.metrics.steadiness import steadiness
-    from aiperf.record.ledger import read_ledger
-    from aiperf.record.schema import EpochRecord, RunStartRecord, RunStopRecord, TrialStartRecord, WorkerRecord, of_type
 
     records = read_ledger(run_dir)
     score = compute_score(records)

@@ -60,7 +60,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    from aiperf.record.ledger import read_raw_ledger
+    from aiperf.ledger.store import read_raw_ledger
 
     args = parse_args(argv)
     facts = common.machine_facts()

@@ -109,7 +109,7 @@ def ledger_records(run: Path) -> list[dict]:
 
 def rehash(records: list[dict]) -> None:
     """Renumber ``records`` and give them a fresh hash chain, in place (an edit that keeps the chain intact)."""
-    from aiperf.record.ledger import record_hash
+    from aiperf.ledger.store import record_hash
 
     prev = ""
     for seq, rec in enumerate(records):
@@ -120,9 +120,9 @@ def rehash(records: list[dict]) -> None:
 
 def rechain(run: Path, records: list[dict]) -> None:
     """Write ``records`` as a fresh, internally consistent ledger and summary: what a careful forger does."""
-    from aiperf.record.ledger import canonical
-    from aiperf.record.summary import build_summary, save_summary
-    from aiperf.record.verify import verify_run
+    from aiperf.ledger.store import canonical
+    from aiperf.results.summary import build_summary, save_summary
+    from aiperf.results.verify import verify_run
 
     rehash(records)
     (run / "ledger.jsonl").write_bytes(b"".join(canonical(r) + b"\n" for r in records))
@@ -133,7 +133,7 @@ def rechain(run: Path, records: list[dict]) -> None:
 
 def sim_run_start(cfg, pool):
     """The ``run_start`` record a master on a simulated pool appends first (tests that drive ``Master``)."""
-    from aiperf.record.schema import Record
+    from aiperf.ledger.schema import Record
 
     return Record(
         type="run_start", t=0.0, run_id="sim", config=cfg.to_dict(), plan=pool.plan.to_dict(),

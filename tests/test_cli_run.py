@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from helpers import REPO, aiperf_cmd, cli_env, run_cli
 
-from aiperf.record.ledger import read_raw_ledger, record_hash
+from aiperf.ledger.store import read_raw_ledger, record_hash
 
 pytestmark = pytest.mark.slow
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from helpers import REPO, aiperf_cmd, cli_env, run_cli
 
-from aiperf.record.ledger import read_raw_ledger
+from aiperf.ledger.store import read_raw_ledger
 from nas.language.flops import transformer_flops
 from nas.language.spec import TransformerSpec
 

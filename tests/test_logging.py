@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from helpers import run_cli
 
-import aiperf.record.ledger as ledger_module
+import aiperf.ledger.store as ledger_module
 from aiperf.engine.weights import WeightStore, save_weights
+from aiperf.ledger.schema import Record, ResumeRecord, of_type
+from aiperf.ledger.store import LedgerWriter, read_ledger, read_raw_ledger
 from aiperf.logs import configure, through
-from aiperf.record.ledger import LedgerWriter, read_ledger, read_raw_ledger
-from aiperf.record.schema import Record, ResumeRecord, of_type
 
 
 @pytest.fixture

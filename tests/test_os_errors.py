@@ -18,8 +18,8 @@ from helpers import run_cli
 
 from aiperf.engine.weights import WeightStore
 from aiperf.errors import AiperfError
-from aiperf.record.ledger import LedgerWriteError, LedgerWriter, read_raw_ledger, record_hash
-from aiperf.record.schema import Record
+from aiperf.ledger.schema import Record
+from aiperf.ledger.store import LedgerWriteError, LedgerWriter, read_raw_ledger, record_hash
 
 
 def _cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -239,8 +239,8 @@ def test_a_disk_that_fills_during_a_real_run_loses_nothing_and_resumes(disk):
     assert after[: len(records)] == records and _chain_ok(after)
     assert _cli("verify", str(run_dir)).returncode == 0
     # The score divides by the run's recorded end, the time the disk was full included.
+    from aiperf.ledger.schema import parse_records
     from aiperf.metrics.score import compute_score
-    from aiperf.record.schema import parse_records
 
     assert after[-1]["type"] == "run_stop"
     assert compute_score(parse_records(after, run_dir)).wall_s == after[-1]["t"]
@@ -248,7 +248,7 @@ def test_a_disk_that_fills_during_a_real_run_loses_nothing_and_resumes(disk):
 
 
 def test_a_summary_that_cannot_be_written_is_an_aiperf_error(tmp_path, sim_run):
-    from aiperf.record.summary import save_summary
+    from aiperf.results.summary import save_summary
 
     target = tmp_path / "run"
     target.mkdir()
@@ -270,7 +270,7 @@ def test_absurd_paths_are_one_short_line_and_exit_2(command, path):
 def test_a_failed_fsync_stops_the_writer_and_a_failed_observer_only_stops_itself(tmp_path, monkeypatch, caplog):
     import errno
 
-    import aiperf.record.ledger as ledger_module
+    import aiperf.ledger.store as ledger_module
 
     caplog.set_level(logging.WARNING, logger="aiperf")
 

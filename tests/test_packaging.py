@@ -72,7 +72,7 @@ def test_layers_never_import_from_above():
         "engine": 4,
         "cli": 5,
     }
-    bottom = "aiperf.record.schema"  # the typed records: every layer reads and writes them
+    bottom = "aiperf.ledger.schema"  # the typed records: every layer reads and writes them
     root = Path(aiperf.__file__).parent
     problems = []
     for path in root.rglob("*.py"):
@@ -101,7 +101,7 @@ def test_verbose_flag_logs_to_stderr_after_the_command_too():
 def test_package_modules_import_without_side_effects():
     for name in (
         "aiperf.families.image.flops",
-        "aiperf.record.ledger",
+        "aiperf.ledger.store",
         "aiperf.engine.master",
         "aiperf.training.trial",
     ):

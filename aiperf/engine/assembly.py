@@ -21,8 +21,7 @@ from aiperf.engine.master import Master, MasterSettings, RunOutcome
 from aiperf.engine.resume import ResumePoint
 from aiperf.engine.weights import WeightStore
 from aiperf.errors import AiperfError
-from aiperf.record.ledger import LedgerWriter
-from aiperf.record.schema import (
+from aiperf.ledger.schema import (
     ConfigHeader,
     DatasetHeader,
     PlanHeader,
@@ -36,6 +35,7 @@ from aiperf.record.schema import (
     TrialEndRecord,
     TrialStatus,
 )
+from aiperf.ledger.store import LedgerWriter
 from aiperf.system.software import software_versions
 
 if TYPE_CHECKING:
@@ -171,7 +171,7 @@ def open_session(
     trials the dead master was running as ``lost``, and the master carries on its counts.
     """
     from aiperf.families import family_for
-    from aiperf.record.mllog import attach as attach_mllog
+    from aiperf.results.mllog import attach as attach_mllog
 
     resumed = header if isinstance(header, ResumePoint) else None
     ledger = LedgerWriter(run_dir, clock_offset=resumed.clock_offset if resumed else 0.0)

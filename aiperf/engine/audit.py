@@ -23,7 +23,7 @@ matching ``summary.json`` verifies. The audit goes back to the evidence:
    epoch must not be more than ``speed_factor`` times faster than this machine's.
 
 The result is written beside the run as ``audit.json`` and shown by ``aiperf report``
-(:mod:`aiperf.record.audit_file` reads it).
+(:mod:`aiperf.ledger.audit_file` reads it).
 Unreadable input (no run, no dataset, another dataset) raises
 :class:`~aiperf.errors.AiperfError` (exit 2); a check that fails is exit 1.
 """
@@ -45,11 +45,10 @@ from typing import TYPE_CHECKING, Any, overload
 from aiperf import cli_limits as limits
 from aiperf.engine.weights import file_sha256
 from aiperf.errors import AiperfError, excerpt, first_line
-from aiperf.record.audit_file import AUDIT_NAME, audited_end, write_bound_audit
-from aiperf.record.files import write_atomic
-from aiperf.record.inert import inert
-from aiperf.record.ledger import LEDGER_NAME, read_raw_ledger
-from aiperf.record.schema import (
+from aiperf.ledger.audit_file import AUDIT_NAME, audited_end, write_bound_audit
+from aiperf.ledger.files import write_atomic
+from aiperf.ledger.inert import inert
+from aiperf.ledger.schema import (
     EpochRecord,
     Record,
     RecordType,
@@ -63,7 +62,8 @@ from aiperf.record.schema import (
     of_type,
     parse_records,
 )
-from aiperf.record.verify import verify_run
+from aiperf.ledger.store import LEDGER_NAME, read_raw_ledger
+from aiperf.results.verify import verify_run
 
 if TYPE_CHECKING:  # imported where they are used: the frameworks load only when the audit re-executes
     from aiperf.cluster.worker import TrialWorker, WorkerSettings
@@ -662,7 +662,7 @@ def audit_run(
     Raises :class:`~aiperf.errors.AiperfError` for input that cannot be audited (exit 2).
     """
     from aiperf.engine.resume import recorded_config
-    from aiperf.record.runlock import live_holder
+    from aiperf.ledger.runlock import live_holder
 
     limits.AUDIT_SAMPLE.check(sample)
     limits.AUDIT_RETRAIN.check(retrain_count)
@@ -768,7 +768,7 @@ def _ended_completed(raw: list[dict[str, Any]]) -> bool:
 
 def _refresh_summary(run_dir: Path) -> None:
     """The audit record changed the ledger's end: a summary.json beside it is rewritten to match (if any)."""
-    from aiperf.record.summary import SUMMARY_NAME, write_summary
+    from aiperf.results.summary import SUMMARY_NAME, write_summary
 
     if (run_dir / SUMMARY_NAME).is_file():
         write_summary(run_dir)

@@ -2,7 +2,7 @@
 
 It composes three replaceable parts — a :class:`~nas.proposer.Proposer` (what to try
 next), a :class:`~aiperf.cluster.pool.WorkerPool` (where and how trials run) and a
-:class:`~aiperf.record.ledger.LedgerWriter` (what happened) — so it can be tested in
+:class:`~aiperf.ledger.store.LedgerWriter` (what happened) — so it can be tested in
 milliseconds with an in-process pool and scaled to thousands of simulated workers.
 
 Time: everything is measured on this process's clock (the ledger's ``t``), never on a
@@ -38,8 +38,7 @@ from aiperf.engine.progress import Progress
 from aiperf.engine.weights import SavedFile, WeightStore
 from aiperf.families import Family, Prepared
 from aiperf.families.image.family import ImageFamily
-from aiperf.record.ledger import LedgerWriter
-from aiperf.record.schema import (
+from aiperf.ledger.schema import (
     BadImagesRecord,
     EpochRecord,
     IdleGaps,
@@ -53,6 +52,7 @@ from aiperf.record.schema import (
     WorkerFailedRecord,
     WorkerRecord,
 )
+from aiperf.ledger.store import LedgerWriter
 from aiperf.training.trial import TrialSpec, Weights
 from nas.proposer import Proposer
 

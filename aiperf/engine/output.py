@@ -16,7 +16,7 @@ Ctrl-S: the next write blocks once the pipe's 64 KiB are full). :class:`Output` 
 A terminal resize (SIGWINCH) needs nothing: Python restarts interrupted writes, and the
 progress line is redrawn from its start on every update.
 
-Everything written is made inert first (:func:`~aiperf.record.inert.inert_lines`): a control or
+Everything written is made inert first (:func:`~aiperf.ledger.inert.inert_lines`): a control or
 format character that reached a printed line from a ledger, a config or a folder name shows as
 an escape (``\\x1b``, ``\\u202e``) instead of moving the cursor or reordering text. The one
 control sequence aiperf sends on purpose, the progress line's redraw, goes through :meth:`Output.redraw`.
@@ -33,7 +33,7 @@ import threading
 import time
 from typing import Any, TextIO
 
-from aiperf.record.inert import inert_lines
+from aiperf.ledger.inert import inert_lines
 
 
 class Output:

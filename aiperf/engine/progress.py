@@ -5,7 +5,7 @@ On a terminal the line redraws in place; otherwise one line is printed per inter
 
 It prints through an :class:`~aiperf.engine.output.Output`, so a closed, broken or stalled
 stdout can neither stop nor slow the run, and a note quoting a worker's error or a file name
-stays on one line of its own (:func:`~aiperf.record.inert.inert`).
+stays on one line of its own (:func:`~aiperf.ledger.inert.inert`).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import sys
 from typing import TextIO
 
 from aiperf.engine.output import Output, output
+from aiperf.ledger.inert import inert
 from aiperf.metrics.score import format_ops
-from aiperf.record.inert import inert
 
 
 def format_elapsed(seconds: float) -> str:

@@ -19,10 +19,10 @@ from typing import Any, TextIO
 from aiperf import cli_limits as limits
 from aiperf.config import MAX_SEED, Config
 from aiperf.errors import AiperfError, os_error
+from aiperf.ledger.files import write_atomic
+from aiperf.ledger.inert import inert
 from aiperf.metrics.repeats import Spread, format_spread, spread
 from aiperf.metrics.score import format_ops
-from aiperf.record.files import write_atomic
-from aiperf.record.inert import inert
 
 MAX_REPEATS = limits.REPEAT.high
 FIGURES = ("ops_per_s", "regulated", "best_val_acc")

@@ -18,8 +18,7 @@ from typing import Any
 from aiperf.config import Config, config_from_dict
 from aiperf.engine.weights import WeightStore
 from aiperf.errors import AiperfError, excerpt, first_line
-from aiperf.record.ledger import LEDGER_NAME, LedgerStream, cut_torn_tail, iter_ledger
-from aiperf.record.schema import (
+from aiperf.ledger.schema import (
     BadImagesRecord,
     EpochRecord,
     Record,
@@ -33,6 +32,7 @@ from aiperf.record.schema import (
     TrialStatus,
     parse_record,
 )
+from aiperf.ledger.store import LEDGER_NAME, LedgerStream, cut_torn_tail, iter_ledger
 from nas.errors import NasError
 from nas.proposer import Proposer
 

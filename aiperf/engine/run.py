@@ -24,11 +24,11 @@ from aiperf.engine.resume import Records, ResumePoint, read_resumable, recorded_
 from aiperf.engine.search import lm_seed_spec, make_lm_search, make_search, seed_architecture
 from aiperf.engine.weights import WeightStore
 from aiperf.errors import AiperfError, os_error
+from aiperf.ledger.files import remove_temporaries
+from aiperf.ledger.inert import inert
+from aiperf.ledger.schema import DatasetHeader, RunStartRecord
+from aiperf.ledger.store import LEDGER_NAME
 from aiperf.logs import through
-from aiperf.record.files import remove_temporaries
-from aiperf.record.inert import inert
-from aiperf.record.ledger import LEDGER_NAME
-from aiperf.record.schema import DatasetHeader, RunStartRecord
 from nas.language.spec import TransformerSpec
 
 if TYPE_CHECKING:
@@ -37,8 +37,8 @@ if TYPE_CHECKING:
     from aiperf.engine.master import Master
     from aiperf.engine.weights import AnyWeights
     from aiperf.families.language.data import LanguageData
-    from aiperf.record.runlock import RunLock
-    from aiperf.record.telemetry import TelemetryRecorder
+    from aiperf.ledger.runlock import RunLock
+    from aiperf.sampling.telemetry import TelemetryRecorder
     from nas.graph import Graph
     from nas.proposer import Proposer
 
@@ -117,10 +117,10 @@ def run_benchmark(
 ) -> tuple[Path, dict[str, Any]]:
     """Run (or resume) the benchmark; returns the run directory and its summary.
 
-    The run directory is locked for the master's lifetime (:mod:`aiperf.record.runlock`);
+    The run directory is locked for the master's lifetime (:mod:`aiperf.ledger.runlock`);
     nothing it prints can stop or stall it (:class:`~aiperf.engine.output.Output`).
     """
-    from aiperf.record.runlock import RunLock, takeover_note
+    from aiperf.ledger.runlock import RunLock, takeover_note
     from aiperf.training.backend import check_backend_installed
 
     out = output(out if out is not None else sys.stdout, background=True)
@@ -166,7 +166,7 @@ def _run(
 ) -> tuple[Path, dict[str, Any]]:
     """The run itself; a new run's directory is created and locked here (its lock appended to ``locks``)."""
     from aiperf.cluster.ray_session import start_ray
-    from aiperf.record.summary import build_summary, format_summary, save_summary
+    from aiperf.results.summary import build_summary, format_summary, save_summary
     from aiperf.training.backend import check_backend_installed
 
     check_backend_installed(cfg.model.backend)
@@ -255,7 +255,7 @@ def declared_peak(cfg: Config) -> dict[str, dict[str, float]]:
 
 
 def _lock(run_dir: Path) -> RunLock:
-    from aiperf.record.runlock import RunLock
+    from aiperf.ledger.runlock import RunLock
 
     return RunLock(run_dir).acquire("aiperf run")
 
@@ -298,8 +298,8 @@ def _session(
     from aiperf.cluster.pool import RayWorkerPool
     from aiperf.engine.assembly import open_session, run_start_record, system_description
     from aiperf.engine.progress import Progress
-    from aiperf.record.energy import MeterSpec
-    from aiperf.record.telemetry import TelemetryRecorder
+    from aiperf.sampling.energy import MeterSpec
+    from aiperf.sampling.telemetry import TelemetryRecorder
 
     weights = WeightStore(cfg.cluster.keep_weights, run_dir / WEIGHTS_DIR, loader=_weights_loader(cfg))
     system = system_description(nodes, plan, declared_peak(cfg))
@@ -361,7 +361,7 @@ def _reason(exc: BaseException) -> str:
 
 def _after_run(run_dir: Path, out: Output) -> None:
     """Write the HTML report next to the summary; a report that cannot be drawn never fails the run."""
-    from aiperf.record.report import write_report
+    from aiperf.results.report import write_report
 
     try:
         path = write_report(run_dir)

@@ -80,8 +80,8 @@ def simulate_run(
     from aiperf.engine.assembly import open_session, run_start_record
     from aiperf.engine.search import make_search
     from aiperf.engine.weights import WeightStore
-    from aiperf.record.schema import DatasetHeader
-    from aiperf.record.summary import write_summary
+    from aiperf.ledger.schema import DatasetHeader
+    from aiperf.results.summary import write_summary
 
     sim = sim or SimulationSettings()
     if nodes < 1 or sim.workers_per_node < 1:
@@ -208,7 +208,7 @@ def markdown(table: pd.DataFrame, title: str) -> str:
 
 def write_outputs(table: pd.DataFrame, out_dir: Path, title: str) -> list[Path]:
     """``scaling.csv``, ``scaling.md`` and ``scaling.png`` in ``out_dir``."""
-    from aiperf.record import plots
+    from aiperf.results import plots
 
     out_dir.mkdir(parents=True, exist_ok=True)
     csv, md, png = out_dir / "scaling.csv", out_dir / "scaling.md", out_dir / "scaling.png"

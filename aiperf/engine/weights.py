@@ -44,7 +44,7 @@ from aiperf.archives import open_zip
 from aiperf.cluster.messages import StoredWeights
 from aiperf.cluster.node_weights import WeightsLost, fetch_weights
 from aiperf.errors import AiperfError, excerpt, first_line, os_error
-from aiperf.record.files import write_atomic
+from aiperf.ledger.files import write_atomic
 
 if TYPE_CHECKING:
     from nas.graph import Graph

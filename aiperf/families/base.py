@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
     from aiperf.cluster.messages import EpochReport
-    from aiperf.record.schema import TrialStartRecord
+    from aiperf.ledger.schema import TrialStartRecord
 
 FamilyName = Literal["image", "language"]
 

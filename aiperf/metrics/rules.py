@@ -18,9 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, TypedDict
 
 from aiperf.errors import AiperfError
-from aiperf.metrics.score import Score, compute_score
-from aiperf.metrics.workloads import NOT_COMPARABLE, OFFICIAL_WORKLOAD, identify
-from aiperf.record.schema import (
+from aiperf.ledger.schema import (
     EpochRecord,
     Record,
     RecordType,
@@ -30,6 +28,8 @@ from aiperf.record.schema import (
     of_type,
     run_records,
 )
+from aiperf.metrics.score import Score, compute_score
+from aiperf.metrics.workloads import NOT_COMPARABLE, OFFICIAL_WORKLOAD, identify
 
 if TYPE_CHECKING:
     from aiperf.config import RulesConfig

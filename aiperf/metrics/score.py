@@ -20,7 +20,7 @@ from typing import TypedDict
 
 import numpy as np
 
-from aiperf.record.schema import (
+from aiperf.ledger.schema import (
     EpochRecord,
     Record,
     RunStopRecord,

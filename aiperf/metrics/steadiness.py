@@ -17,7 +17,7 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
-from aiperf.record.schema import EpochRecord, Record, of_type
+from aiperf.ledger.schema import EpochRecord, Record, of_type
 
 WINDOWS = 10  # equal windows over the scored interval; the first is the start-up
 MIN_STEADY_EPOCHS = 8  # a run with fewer counted epochs gets no figure
@@ -58,7 +58,7 @@ def spread_rates(
     intervals: Iterable[tuple[float, float, float]], end: float, windows: int = WINDOWS
 ) -> tuple[float, list[float]]:
     """:func:`window_rates` from each epoch's ``(busy from, busy to, ops)`` and the last epoch's ``t``
-    (what a streaming reader keeps of the epochs, aiperf.record.summary)."""
+    (what a streaming reader keeps of the epochs, aiperf.results.summary)."""
     if end <= 0 or windows < 1:
         return 0.0, []
     width = end / windows

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aiperf.record.schema import RunStartRecord
+from aiperf.ledger.schema import RunStartRecord
 
 OFFICIAL_WORKLOAD = "imagenet"
 NOT_COMPARABLE = "custom rules: not comparable"

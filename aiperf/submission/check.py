@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from aiperf.errors import AiperfError, excerpt, first_line
-from aiperf.record.inert import inert
+from aiperf.ledger.inert import inert
 from aiperf.submission import layout
 from aiperf.submission.layout import PackageEntry, PackageIndex, read_package_json
 from aiperf.submission.runs import RunFacts, StoredAudit
@@ -279,7 +279,7 @@ class _Checker:
     # --- runs ---------------------------------------------------------------------------------
 
     def _run(self, entry: PackageEntry, run: str, path: Path, config: dict[str, Any] | None) -> RunFacts | None:
-        from aiperf.record.verify import verify_run
+        from aiperf.results.verify import verify_run
         from aiperf.submission.runs import first_difference, read_run
 
         if f"{run}/ledger.jsonl" not in self.files:
@@ -407,7 +407,7 @@ class _Checker:
 
     def _mllog(self, run: str, path: Path, facts: RunFacts) -> None:
         """MLCommons' compliance checker on the log, and the log against the one its ledger gives."""
-        from aiperf.record.mllog import MLLOG_NAME, parse, render, write_checker_config
+        from aiperf.results.mllog import MLLOG_NAME, parse, render, write_checker_config
         from aiperf.submission.mlcommons import compliance_problems
 
         name = f"{run}/{MLLOG_NAME}"

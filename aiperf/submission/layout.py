@@ -209,13 +209,13 @@ def read_bounded(path: Path, limit: int) -> bytes:
     """A regular file of at most ``limit`` bytes, not through a symbolic link; ``OSError`` otherwise.
 
     A package comes from someone else: a link could point anywhere on the checker's machine, a
-    FIFO would block and a huge file would fill its memory (:func:`aiperf.record.files.read_regular`).
+    FIFO would block and a huge file would fill its memory (:func:`aiperf.ledger.files.read_regular`).
     """
     import errno
     import os
     import stat
 
-    from aiperf.record.files import read_regular
+    from aiperf.ledger.files import read_regular
 
     if stat.S_ISLNK(os.lstat(path).st_mode):
         raise OSError(errno.ELOOP, "a symbolic link (a package holds files only)", str(path))

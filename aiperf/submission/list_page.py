@@ -1,6 +1,6 @@
 """The list as one self-contained HTML page: a sortable table and two plots, nothing fetched from anywhere.
 
-Built like the run report (:mod:`aiperf.record.report`, whose style and scripts it shares): the
+Built like the run report (:mod:`aiperf.results.report`, whose style and scripts it shares): the
 plots are matplotlib PNGs embedded as ``data:`` URIs, the style and the sort script are inline,
 so the page can be published or mailed as one file. Every string on it came from a package
 someone else wrote, so each is escaped (``html.escape``, quotes included) and every plot label
@@ -17,8 +17,8 @@ from datetime import UTC, datetime
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, PercentFormatter
 
 from aiperf.metrics.score import format_ops
-from aiperf.record.plots import new_figure, to_png
-from aiperf.record.report import ERROR_HOOK, SORT_SCRIPT, STYLE, figure_html
+from aiperf.results.plots import new_figure, to_png
+from aiperf.results.report import ERROR_HOOK, SORT_SCRIPT, STYLE, figure_html
 from aiperf.submission.listing import COLUMNS, plain
 from aiperf.submission.ranking import RANK_LABELS, Row
 

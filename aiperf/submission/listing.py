@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from aiperf.errors import AiperfError, excerpt, first_line, os_error
+from aiperf.ledger.files import write_atomic
 from aiperf.metrics.score import format_ops
-from aiperf.record.files import write_atomic
-from aiperf.record.summary import MAX_SUMMARY_BYTES, SUMMARY_NAME, format_rate
+from aiperf.results.summary import MAX_SUMMARY_BYTES, SUMMARY_NAME, format_rate
 from aiperf.submission.layout import (
     MAX_DESCRIPTION_BYTES,
     PACKAGE_JSON,

@@ -54,11 +54,11 @@ def system_description_problems(path: Path) -> list[str]:
 def compliance_problems(log: Path, config: Path) -> list[str]:
     """MLCommons' compliance checker (HPC 3.0.0, aiperf registered as an open benchmark) on ``log``.
 
-    ``config``: :func:`aiperf.record.mllog.write_checker_config`'s file, written once per check.
+    ``config``: :func:`aiperf.results.mllog.write_checker_config`'s file, written once per check.
     """
     from mlperf_logging.compliance_checker import mlp_compliance
 
-    from aiperf.record.mllog import CHECKER_RULESET, CHECKER_USAGE
+    from aiperf.results.mllog import CHECKER_RULESET, CHECKER_USAGE
 
     checker = mlp_compliance.make_checker(CHECKER_USAGE, CHECKER_RULESET, False, False)
     with captured_log() as lines:

@@ -38,7 +38,7 @@ from typing import Any
 import yaml
 
 from aiperf.errors import AiperfError, excerpt, os_error
-from aiperf.record.inert import inert
+from aiperf.ledger.inert import inert
 from aiperf.submission import layout
 from aiperf.submission.layout import (
     MAX_FILE_BYTES,
@@ -155,8 +155,8 @@ def _check_description(path: Path, data: dict[str, Any], system: str) -> list[di
 
 def _check_run(path: Path, kinds: list[dict[str, Any]], system_path: Path) -> tuple[RunFacts, StoredAudit]:
     """Verified, audited by an audit of this very ledger, and made on the described machine."""
-    from aiperf.record.runlock import live_holder
-    from aiperf.record.verify import verify_run
+    from aiperf.ledger.runlock import live_holder
+    from aiperf.results.verify import verify_run
     from aiperf.submission.system_check import agreement_problems
 
     if not (path / "ledger.jsonl").is_file():

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from aiperf.errors import AiperfError, excerpt, first_line
-from aiperf.record.audit_file import AUDIT_NAME, MAX_AUDIT_BYTES, audited_end, binding
-from aiperf.record.ledger import LEDGER_NAME, read_raw_ledger
-from aiperf.record.schema import Record, ResumeRecord, RunStartRecord, SystemHeader, TrialStartRecord, WeightsRecord
+from aiperf.ledger.audit_file import AUDIT_NAME, MAX_AUDIT_BYTES, audited_end, binding
+from aiperf.ledger.schema import Record, ResumeRecord, RunStartRecord, SystemHeader, TrialStartRecord, WeightsRecord
+from aiperf.ledger.store import LEDGER_NAME, read_raw_ledger
 from aiperf.submission.layout import WEIGHTS_DIR, portable_name, read_bounded
 
 # Settings that differ between runs of one config without changing what is measured: the seed (each
@@ -67,7 +67,7 @@ class RunFacts:
 
 def read_run(path: Path) -> RunFacts:
     """Read a run's ledger (shapes checked); :class:`AiperfError` when it cannot be read as one."""
-    from aiperf.record.schema import of_type, parse_records
+    from aiperf.ledger.schema import of_type, parse_records
 
     raw = read_raw_ledger(path)
     records = parse_records(raw, path / LEDGER_NAME)

@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from aiperf.errors import excerpt, first_line
-from aiperf.record.schema import NodeKindHeader, SystemHeader
+from aiperf.ledger.schema import NodeKindHeader, SystemHeader
 from aiperf.submission.layout import portable_name
 from aiperf.submission.mlcommons import system_description_problems
 

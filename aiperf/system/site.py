@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from aiperf.errors import AiperfError, excerpt
-from aiperf.record.files import read_regular
+from aiperf.ledger.files import read_regular
 
 MAX_SITE_BYTES = 64 * 1024
 # MLCommons training rulesets from 4.0 accept only these availability values (system_desc_checker).

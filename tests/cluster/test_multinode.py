@@ -23,7 +23,7 @@ import pytest
 from helpers import REPO, aiperf_cmd, cli_env, killed_if_left, start_cli
 
 from aiperf.cluster.ray_session import non_loopback_listeners
-from aiperf.record.ledger import read_raw_ledger
+from aiperf.ledger.store import read_raw_ledger
 
 pytestmark = pytest.mark.slow
 

@@ -23,7 +23,7 @@ from helpers import aiperf_cmd, cli_env, killed_if_left, start_cli
 
 from aiperf.cluster.messages import TrialDone, TrialEnded, TrialStarted
 from aiperf.cluster.node_agent import NodeAgent, SlotLost, _SlotProcess, device_shares
-from aiperf.record.ledger import read_raw_ledger
+from aiperf.ledger.store import read_raw_ledger
 from aiperf.training.trial import TrialSpec
 
 

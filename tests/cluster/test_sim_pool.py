@@ -87,7 +87,7 @@ def test_the_scale_simulation_s_workers_do_not_wait_for_what_a_real_run_does_bef
 
 def test_a_simulated_study_s_workers_do_not_wait_for_its_search_or_header(tmp_path, monkeypatch):
     from aiperf.engine import assembly, search
-    from aiperf.record.ledger import read_raw_ledger
+    from aiperf.ledger.store import read_raw_ledger
     from tests.helpers import simulated_run
 
     monkeypatch.setattr(search, "make_search", _slowed(search.make_search, 2.0))

@@ -19,8 +19,8 @@ import pytest
 from helpers import ledger_records, rechain, run_cli, two_trial_smoke_run
 
 from aiperf.engine.weights import WeightStore, file_sha256, load_weights
-from aiperf.record.audit_file import AUDIT_NAME, read_audit
-from aiperf.record.ledger import canonical
+from aiperf.ledger.audit_file import AUDIT_NAME, read_audit
+from aiperf.ledger.store import canonical
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +106,7 @@ def test_untouched_run_audits_and_retrains(audited_run, tmp_path):
     assert [c["status"] for c in data["trials"] if c["check"] == "retrain"] == ["pass"]
     assert data["machine"]["backend"] == "tensorflow" and data["machine"]["threads"] >= 1
 
-    from aiperf.record.report import write_report
+    from aiperf.results.report import write_report
 
     html = write_report(run).read_text()
     assert "Audit" in html and "re-evaluated" in html and best["trial"] in html
@@ -207,7 +207,7 @@ def test_a_naive_edit_fails_at_verify_before_anything_runs(audited_run, tmp_path
 
 @pytest.mark.slow  # the shared real run trains; each audit re-evaluates its best trial
 def test_an_audit_is_bound_to_the_ledger_and_a_forged_audit_json_is_never_shown_as_passed(audited_run, tmp_path):
-    from aiperf.record.report import write_report
+    from aiperf.results.report import write_report
 
     run = _copy(audited_run, tmp_path)
     before = ledger_records(run)
@@ -235,7 +235,7 @@ def test_an_audit_is_bound_to_the_ledger_and_a_forged_audit_json_is_never_shown_
 
 
 def test_the_report_shows_an_odd_or_unbound_audit_without_failing_and_never_as_passed(sim_run, tmp_path):
-    from aiperf.record.report import write_report
+    from aiperf.results.report import write_report
 
     run = tmp_path / "run"
     shutil.copytree(sim_run, run)
@@ -255,7 +255,7 @@ def test_the_audit_trains_with_the_trainer_settings_the_run_recorded(audited_run
     from aiperf.engine.audit import audit_run
     from aiperf.engine.resume import recorded_config, run_start
     from aiperf.families.image import trainer as trainer_module
-    from aiperf.record.ledger import read_ledger
+    from aiperf.ledger.store import read_ledger
     from aiperf.training.backend import describe_device
 
     run = tmp_path / "run"

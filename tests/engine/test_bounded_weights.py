@@ -32,7 +32,7 @@ from aiperf.engine.weights import (
 )
 from aiperf.errors import AiperfError
 from aiperf.families.image.keras_import import MAX_KERAS_JSON_BYTES, load_keras_file
-from aiperf.record.audit_file import AUDIT_NAME, read_audit
+from aiperf.ledger.audit_file import AUDIT_NAME, read_audit
 from nas import zoo
 
 GRAPH = zoo.small_resnet((8, 8, 1), 10, width=8)

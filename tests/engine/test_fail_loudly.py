@@ -11,9 +11,9 @@ from aiperf.config import load_config
 from aiperf.engine.master import Master, MasterSettings, cause_key
 from aiperf.engine.search import make_search
 from aiperf.engine.weights import WeightStore
-from aiperf.record.ledger import LedgerWriter, read_ledger, read_raw_ledger
-from aiperf.record.schema import Record
-from aiperf.record.summary import format_summary, summarize
+from aiperf.ledger.schema import Record
+from aiperf.ledger.store import LedgerWriter, read_ledger, read_raw_ledger
+from aiperf.results.summary import format_summary, summarize
 from nas import zoo
 
 

@@ -37,8 +37,7 @@ from aiperf.families.language.evaluate import evaluate_lm_weights  # noqa: E402
 from aiperf.families.language.family import LMCost  # noqa: E402
 from aiperf.families.language.runner import LMRunnerSettings, LMTrialRunner, lm_quality  # noqa: E402
 from aiperf.families.language.trainer import train_lm_trial  # noqa: E402
-from aiperf.record.ledger import LedgerWriter, read_ledger  # noqa: E402
-from aiperf.record.schema import (  # noqa: E402
+from aiperf.ledger.schema import (  # noqa: E402
     EpochRecord,
     RunStartRecord,
     RunStatus,
@@ -50,8 +49,9 @@ from aiperf.record.schema import (  # noqa: E402
     TrialStatus,
     WeightsRecord,
 )
-from aiperf.record.summary import build_summary, save_summary  # noqa: E402
-from aiperf.record.verify import verify_run  # noqa: E402
+from aiperf.ledger.store import LedgerWriter, read_ledger  # noqa: E402
+from aiperf.results.summary import build_summary, save_summary  # noqa: E402
+from aiperf.results.verify import verify_run  # noqa: E402
 from aiperf.training.trial import TrialSpec  # noqa: E402
 from nas.language.flops import transformer_flops  # noqa: E402
 from nas.language.morph import LMMorph, apply_spec_morph  # noqa: E402

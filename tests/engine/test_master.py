@@ -17,11 +17,11 @@ from aiperf.config import load_config
 from aiperf.engine.master import Master, MasterSettings
 from aiperf.engine.search import make_search
 from aiperf.engine.weights import WeightStore
+from aiperf.ledger.schema import Record
+from aiperf.ledger.store import LedgerWriter, read_ledger
 from aiperf.metrics.score import compute_score
-from aiperf.record.ledger import LedgerWriter, read_ledger
-from aiperf.record.schema import Record
-from aiperf.record.summary import summarize
-from aiperf.record.verify import check_consistency
+from aiperf.results.summary import summarize
+from aiperf.results.verify import check_consistency
 from nas import zoo
 
 
@@ -263,7 +263,7 @@ def test_the_simulated_pool_lists_free_workers_as_a_full_sort_would(tmp_path, mo
 
 @pytest.mark.slow
 def test_every_record_is_durable_before_the_master_submits_more_work(tmp_path, monkeypatch):
-    import aiperf.record.ledger as ledger_module
+    import aiperf.ledger.store as ledger_module
 
     ledger_path = tmp_path / "ledger.jsonl"
     synced = {"size": 0, "count": 0}

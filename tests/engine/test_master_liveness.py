@@ -15,8 +15,8 @@ from aiperf.config import load_config
 from aiperf.engine.master import Master, MasterSettings
 from aiperf.engine.search import make_search
 from aiperf.engine.weights import WeightStore
-from aiperf.record.ledger import LedgerWriter, read_ledger
-from aiperf.record.schema import RunStopRecord, TrialStatus
+from aiperf.ledger.schema import RunStopRecord, TrialStatus
+from aiperf.ledger.store import LedgerWriter, read_ledger
 from nas import zoo
 
 

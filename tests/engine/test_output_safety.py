@@ -23,7 +23,7 @@ import pytest
 from helpers import REPO, aiperf_cmd, cli_env
 
 from aiperf.engine.output import Output
-from aiperf.record.ledger import read_raw_ledger
+from aiperf.ledger.store import read_raw_ledger
 
 F_SETPIPE_SZ = 1031
 

@@ -12,8 +12,8 @@ import statistics
 import pytest
 from helpers import run_cli
 
-from aiperf.record.ledger import read_ledger
-from aiperf.record.schema import RunStartRecord, TrialStartRecord, of_type
+from aiperf.ledger.schema import RunStartRecord, TrialStartRecord, of_type
+from aiperf.ledger.store import read_ledger
 from nas.schedule import SizeSchedule
 
 BUDGET_S = 45

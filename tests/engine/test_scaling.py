@@ -10,8 +10,8 @@ import pytest
 from aiperf.cli import main
 from aiperf.engine.scaling import scaling_command, scaling_table
 from aiperf.errors import AiperfError
-from aiperf.record.ledger import read_raw_ledger
-from aiperf.record.verify import verify_run
+from aiperf.ledger.store import read_raw_ledger
+from aiperf.results.verify import verify_run
 
 pytestmark = pytest.mark.slow  # whole simulated and real scaling studies
 

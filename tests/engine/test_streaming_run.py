@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from helpers import REPO, aiperf_cmd, cli_env
 
-from aiperf.record.ledger import read_raw_ledger
+from aiperf.ledger.store import read_raw_ledger
 
 pytestmark = pytest.mark.slow
 

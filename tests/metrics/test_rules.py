@@ -8,10 +8,10 @@ import pytest
 
 from aiperf.config import BUILTIN_CONFIGS, load_config
 from aiperf.errors import AiperfError
+from aiperf.ledger.schema import AuditRecord, EpochRecord, RunStartRecord, RunStopRecord, TrialStartRecord
 from aiperf.metrics.rules import evaluate_rules
 from aiperf.metrics.score import compute_score
 from aiperf.metrics.workloads import WORKLOADS, identify
-from aiperf.record.schema import AuditRecord, EpochRecord, RunStartRecord, RunStopRecord, TrialStartRecord
 
 RULES = {"min_accuracy": 0.7, "official_min_duration_s": 3600.0, "min_precision_bits": 16}  # imagenet's
 

@@ -6,8 +6,7 @@ import math
 
 import pytest
 
-from aiperf.metrics.score import compute_score, format_ops, quality_factor, score_timeline
-from aiperf.record.schema import (
+from aiperf.ledger.schema import (
     EpochRecord,
     RequeueRecord,
     ResumeRecord,
@@ -16,6 +15,7 @@ from aiperf.record.schema import (
     TrialEndRecord,
     TrialStartRecord,
 )
+from aiperf.metrics.score import compute_score, format_ops, quality_factor, score_timeline
 
 
 def epoch(t, trial, n, ops, val_acc, aiperf_ops=None):
@@ -183,9 +183,9 @@ def test_format_ops(value, unit, text):
 
 def test_a_tally_fed_record_by_record_gives_the_score_of_the_records(sim_run):
     """The MLPerf-style log scores a run without holding its epochs; it must be the summary's number."""
+    from aiperf.ledger.schema import RunStopRecord, run_records
+    from aiperf.ledger.store import read_ledger
     from aiperf.metrics.score import ScoreTally
-    from aiperf.record.ledger import read_ledger
-    from aiperf.record.schema import RunStopRecord, run_records
 
     records = run_records(list(read_ledger(sim_run)))
     tally = ScoreTally()

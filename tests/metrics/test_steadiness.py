@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from aiperf.ledger.schema import EpochRecord
 from aiperf.metrics.repeats import format_spread, spread
 from aiperf.metrics.steadiness import WINDOWS, steadiness, window_rates
-from aiperf.record.schema import EpochRecord
 
 
 def _epoch(t: float, ops: float, busy: float, trial: str = "t00001") -> EpochRecord:

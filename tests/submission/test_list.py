@@ -45,7 +45,7 @@ def summary(
     unit: str = "accelerator",
     count: int = 8,
 ) -> dict:
-    """The parts of a run's summary.json the list reads (aiperf/record/summary.py writes them)."""
+    """The parts of a run's summary.json the list reads (aiperf/results/summary.py writes them)."""
     number = ops if isinstance(ops, (int, float)) and not isinstance(ops, bool) else 0.0
     return {
         "backend": "jax",

@@ -472,7 +472,7 @@ def _description(kind: dict) -> dict:
 
 
 def test_a_description_of_the_ledgers_machine_agrees_and_another_is_named():
-    from aiperf.record.schema import SystemHeader
+    from aiperf.ledger.schema import SystemHeader
     from aiperf.submission.system_check import agreement_problems
 
     header = SystemHeader.model_validate({"kinds": [_cpu_kind()]})

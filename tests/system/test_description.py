@@ -9,7 +9,7 @@ import sys
 import pytest
 from test_site import SITE
 
-from aiperf.system import command
+from aiperf.engine import system_command as command
 from aiperf.system.description import build_description
 from aiperf.system.kinds import attach_usage, group_nodes
 from aiperf.system.peak import device_peaks

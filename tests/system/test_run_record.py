@@ -8,8 +8,8 @@ from aiperf.cluster.plan import make_plan
 from aiperf.cluster.resources import NodeInfo, probe_this_node
 from aiperf.config import load_config
 from aiperf.engine.assembly import system_description
-from aiperf.record.ledger import read_ledger
-from aiperf.record.schema import RunStartRecord, WorkerRecord, of_type
+from aiperf.ledger.schema import RunStartRecord, WorkerRecord, of_type
+from aiperf.ledger.store import read_ledger
 
 
 def test_the_probe_describes_this_node_without_importing_a_framework():

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from aiperf.families.base import FamilyName, Prepared
 from aiperf.families.image.compiled_models import compile_key
 from aiperf.families.image.flops import GraphCost, aiperf_compatible_operations, count_flops_memo, epoch_operations
-from aiperf.record.schema import TrialFlops, TrialStartRecord
+from aiperf.ledger.schema import TrialFlops, TrialStartRecord
 from aiperf.training.trial import apply_hparams
 from nas.serialize import graph_to_dict
 

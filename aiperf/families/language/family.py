@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from aiperf.families.base import FamilyName, Prepared
-from aiperf.record.schema import TrialFlops, TrialStartRecord
+from aiperf.ledger.schema import TrialFlops, TrialStartRecord
 
 if TYPE_CHECKING:
     from aiperf.cluster.messages import EpochReport

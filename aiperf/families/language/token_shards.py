@@ -107,7 +107,7 @@ def _open_regular(path: Path) -> BinaryIO:
     """``path`` opened for reading if it is a regular file; else ``OSError`` without a read.
 
     A shard or manifest that is a FIFO would block a reader for ever, a link to ``/dev/zero``
-    fill its memory (the same rule as ``aiperf.record.files.open_regular``, a layer above).
+    fill its memory (the same rule as ``aiperf.ledger.files.open_regular``, a layer above).
     """
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     try:

@@ -21,7 +21,7 @@ from helpers import REPO, cli_env
 from aiperf.engine.master import Master, MasterSettings
 from aiperf.engine.weights import WeightStore
 from aiperf.families.image.compiled_models import CompiledModels, compile_key
-from aiperf.record.ledger import LedgerWriter
+from aiperf.ledger.store import LedgerWriter
 from nas import zoo
 from nas.morph import Morph, apply_morph
 from nas.proposer import TrialKind, TrialProposal

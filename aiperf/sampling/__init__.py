@@ -1,0 +1,1 @@
+"""What a run samples while it goes, beside its ledger: per-node telemetry and the energy read from it."""
