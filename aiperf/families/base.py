@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
-    from aiperf.cluster.messages import EpochReport
     from aiperf.ledger.schema import TrialStartRecord
 
 FamilyName = Literal["image", "language"]
@@ -30,6 +29,21 @@ class Prepared:
     compile_key: str
 
 
+class EpochCounts(Protocol):
+    """What an epoch trained and evaluated, as a worker reports it (:class:`aiperf.cluster.messages.EpochReport`)."""
+
+    @property
+    def train_images(self) -> int: ...
+    @property
+    def eval_images(self) -> int: ...
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def train_tokens(self) -> int | None: ...
+    @property
+    def eval_tokens(self) -> int | None: ...
+
+
 class Family(Protocol):
     """The family-specific part of running a trial (see the module docstring)."""
 
@@ -41,6 +55,6 @@ class Family(Protocol):
 
     def start_fields(self, proposal: Any, prepared: Prepared, batch_size: int) -> dict[str, Any]: ...
 
-    def epoch_ops(self, prepared: Prepared, report: EpochReport) -> tuple[float, float, float | None]: ...
+    def epoch_ops(self, prepared: Prepared, report: EpochCounts) -> tuple[float, float, float | None]: ...
 
     def proposal_from_record(self, rec: TrialStartRecord) -> Any: ...

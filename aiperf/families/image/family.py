@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from aiperf.families.base import FamilyName, Prepared
+from aiperf.families.base import EpochCounts, FamilyName, Prepared
 from aiperf.families.image.compiled_models import compile_key
 from aiperf.families.image.flops import GraphCost, aiperf_compatible_operations, count_flops_memo, epoch_operations
 from aiperf.ledger.schema import TrialFlops, TrialStartRecord
@@ -12,7 +12,6 @@ from aiperf.training.trial import apply_hparams
 from nas.serialize import graph_to_dict
 
 if TYPE_CHECKING:
-    from aiperf.cluster.messages import EpochReport
     from nas.graph import Graph
     from nas.proposer import TrialProposal
 
@@ -52,7 +51,7 @@ class ImageFamily:
             "params": proposal.graph.param_count,
         }
 
-    def epoch_ops(self, prepared: Prepared, report: EpochReport) -> tuple[float, float, float | None]:
+    def epoch_ops(self, prepared: Prepared, report: EpochCounts) -> tuple[float, float, float | None]:
         train, evaluation = epoch_operations(prepared.cost, report.train_images, report.eval_images, report.batch_size)
         return train, evaluation, aiperf_compatible_operations(prepared.arch, report.train_images, report.eval_images)
 

@@ -36,6 +36,7 @@ from aiperf.families.image.model import build_model, get_weights, initial_weight
 from aiperf.families.image.runtime_hparams import set_trial_hparams
 from aiperf.families.image.stream_input import TOO_MANY_BAD
 from aiperf.training.backend import is_out_of_memory, seed_trial
+from aiperf.training.step_timing import compile_overhead, eval_compile_overhead
 from aiperf.training.trial import TrialSpec, Weights, apply_hparams, inherit_weights
 from nas.graph import Graph
 
@@ -412,27 +413,6 @@ class TrialRunner:
             "precision": precision,
         }
         del model
-
-
-def compile_overhead(first_step_s: float, epoch_s: float, steps: int) -> float:
-    """What the first step cost beyond an ordinary step of its epoch: the tracing/compilation alone.
-
-    The first step also trains a counted batch; charging all of it to compilation would call
-    real training work overhead (a large batch's step on a CPU core is no small part of it:
-    benchmarks/RESULTS.md). With a single step there is nothing to compare with, and the
-    whole first step is charged.
-    """
-    if steps < 2:
-        return first_step_s
-    ordinary = max(0.0, epoch_s - first_step_s) / (steps - 1)
-    return max(0.0, first_step_s - ordinary)
-
-
-def eval_compile_overhead(eval_s: list[float]) -> float:
-    """What the first evaluation cost beyond the trial's later ones (tracing the predict step); 0 with one."""
-    if len(eval_s) < 2:
-        return 0.0
-    return max(0.0, eval_s[0] - min(eval_s[1:]))
 
 
 def classification_metrics(logits: np.ndarray, labels: np.ndarray) -> tuple[float, float]:

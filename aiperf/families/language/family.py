@@ -5,11 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from aiperf.families.base import FamilyName, Prepared
+from aiperf.families.base import EpochCounts, FamilyName, Prepared
 from aiperf.ledger.schema import TrialFlops, TrialStartRecord
 
 if TYPE_CHECKING:
-    from aiperf.cluster.messages import EpochReport
     from nas.language.flops import TransformerFlops
     from nas.language.search import LMTrialProposal
     from nas.language.spec import TransformerSpec
@@ -62,7 +61,7 @@ class LanguageFamily:
             "params": spec.params(),
         }
 
-    def epoch_ops(self, prepared: Prepared, report: EpochReport) -> tuple[float, float, float | None]:
+    def epoch_ops(self, prepared: Prepared, report: EpochCounts) -> tuple[float, float, float | None]:
         """Training: FLOPs per token (its step's update included) x tokens; evaluation: forward x tokens."""
         cost: LMCost = prepared.cost
         if report.train_tokens is None or report.eval_tokens is None:

@@ -26,8 +26,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from aiperf.errors import AiperfError, excerpt, first_line
-from aiperf.families.image.trainer import eval_compile_overhead
 from aiperf.families.language.trainer import PRECISIONS, LMData, LMTraining
+from aiperf.training.step_timing import eval_compile_overhead
 from aiperf.training.trial import TrialSpec
 from nas.errors import NasError
 from nas.language.morph import LMMorph, apply_morph

@@ -24,7 +24,7 @@ built with :func:`~aiperf.families.language.model.build_lm` and trained on next-
   after every epoch, and bits per byte (``nats / ln 2 / bytes_per_token``; byte-level
   tokens: 1 byte each).
 * **Time**: an epoch's training time is split into its first step's tracing/compilation
-  overhead (:func:`~aiperf.families.image.trainer.compile_overhead`) and the steps proper;
+  overhead (:func:`~aiperf.training.step_timing.compile_overhead`) and the steps proper;
   ``tokens_per_second`` is tokens over the steps' time.
 * **FLOPs** (analytic, :func:`nas.language.flops.transformer_flops` at the trial's
   ``seq_len``, full-square attention): ``train_flops = train_per_token(batch * seq_len) * tokens``
@@ -58,9 +58,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from aiperf.errors import AiperfError, excerpt
-from aiperf.families.image.trainer import compile_overhead
 from aiperf.families.language.model import LOG2E, build_lm, lm_weights_from_keras
 from aiperf.training.backend import seed_trial
+from aiperf.training.step_timing import compile_overhead
 from nas.errors import NasError
 from nas.language.flops import transformer_flops
 from nas.language.spec import TransformerSpec, Weights, check_weights, init_weights

@@ -17,10 +17,9 @@ from aiperf.families.image.trainer import (
     TrialRunner,
     batch_limit,
     classification_metrics,
-    compile_overhead,
-    eval_compile_overhead,
     evaluate_weights,
 )
+from aiperf.training.step_timing import compile_overhead, eval_compile_overhead
 from aiperf.training.trial import TrialSpec, inherit_weights
 from nas import zoo
 from nas.morph import Morph, apply_morph
