@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiperf import cli_limits as limits
+from aiperf.builtin_configs import BUILTIN_CONFIGS
 from aiperf.errors import AiperfError, excerpt, first_line
 from nas.errors import NasError
 
@@ -54,7 +55,7 @@ def _config_args(p: argparse.ArgumentParser) -> None:
         "--config",
         "-c",
         default=None,
-        help="config file or built-in name (default, smoke, imagenet, fashion_mnist, synthetic)",
+        help=f"config file or built-in name ({', '.join(BUILTIN_CONFIGS)})",
     )
     p.add_argument(
         "--set",

@@ -27,11 +27,11 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from aiperf.builtin_configs import BUILTIN_CONFIGS
 from aiperf.errors import AiperfError, excerpt
 from nas.defaults import DEFAULT_HPARAMS, HPARAM_RANGES, SEARCH
 
 DEFAULT_CONFIG = "default"
-BUILTIN_CONFIGS = ("default", "smoke", "imagenet", "fashion_mnist", "synthetic", "llm", "llm-official")
 LANGUAGE_DATASETS = ("text", "token_shards")  # datasets of the language-model workload (docs/llm.md)
 MAX_CONFIG_BYTES = 64 * 1024  # the largest built-in config is about 1 KB
 MAX_OVERRIDE_CHARS = 16 * 1024  # one --set value (a long dataset path fits)
@@ -206,6 +206,11 @@ class TrainConfig(_Section):
         le=64,
         description="architectures each worker keeps compiled, so a re-tune or re-queued trial of one starts "
         "without tracing or compiling (0: build and compile every trial afresh)",
+    )
+    compile_ahead: bool = Field(
+        True,
+        description="build a worker's queued trial and compile its train and evaluation steps while the trial "
+        "before trains (JAX on one device, resident data; elsewhere steps compile in their first call)",
     )
 
     @field_validator("batch_size")

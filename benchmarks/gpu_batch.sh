@@ -1,65 +1,58 @@
 #!/bin/bash
-# The GPU batch of benchmarks/RESULTS.md as one device call (a session has 15 minutes of device
-# time, a call at most 10): a 3-minute `synthetic` run with NVML sampling (busy fraction and the
-# whole-run score), the bf16 matmul peak it is set against, and the trainer-vs-reference
-# throughput of the seed, the searched net and ResNet-50 at 224x224. Each step has its own
-# timeout so one slow step cannot take the others' results; what each wrote lands in $OUT.
+# The GPU batch (issue 44): one device call of at most 10 minutes that runs the image workload at
+# its GPU settings and the language workload, verifies and audits both runs, and writes every
+# figure to $OUT/<date>-<device>.json (benchmarks/gpu_figures.py), to be copied to
+# benchmarks/gpu/ beside its rows in benchmarks/RESULTS.md.
 #
-#   device run, carry [".whl/site312.tar.xz"]:  bash benchmarks/gpu_batch.sh [STEP...]
-#   steps: busy peak throughput first_step agents startup llm (default: the first five, in that order)
+#   device run, carry [".whl"]:   bash benchmarks/gpu_batch.sh
+#   on the CPU first (no .whl):   AIPERF_GPU_BATCH_S=45 bash benchmarks/gpu_batch.sh
+#
+# The GPU image has JAX but not Keras, Ray, Optuna, pydantic, ...: the wheels it needs are
+# downloaded here beforehand by benchmarks/gpu_wheels.sh into .whl/ (git-ignored) and installed
+# there into /tmp/site (a Python that has them already, as on a CPU trial, installs nothing). Each
+# step has its own timeout, so a slow step cannot take the others' figures; what each wrote lands
+# in $OUT. Budgets: AIPERF_GPU_BATCH_S seconds a run (default 150),
+# AIPERF_GPU_IMAGE (default: the synthetic config at 64x64, width 64, batch 256, bf16 on JAX),
+# AIPERF_GPU_LANGUAGE (default: llm-official's seed on the embedded corpus, 100 steps an epoch).
+# The CPU trial of 2026-12-07 ran both with small nets (AIPERF_GPU_IMAGE/LANGUAGE overridden) and 40 s.
 set -u
 OUT=${OUT:-/tmp/gpu-batch-out}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/log.txt") 2>&1
-tar -C /tmp -xJf .whl/site312.tar.xz || exit 1
-export PYTHONPATH=/tmp/site312:.:benchmarks KERAS_BACKEND=jax PYTHONUNBUFFERED=1
-nvidia-smi -L
-steps=" ${*:-busy peak throughput first_step agents} "
-python3 -c "import jax, keras, ray, optuna; print('jax', jax.__version__, jax.devices(), 'keras', keras.__version__, 'ray', ray.__version__)"
-
-if [[ $steps == *" busy "* ]]; then
-echo "== busy fraction and whole-run score: synthetic, 3 minutes"
-timeout 300 python3 benchmarks/busy_fraction.py --minutes 3 --backend jax --results-dir /tmp/busy --json "$OUT/busy.json"
-run=$(ls -d /tmp/busy/*/ 2>/dev/null | head -1)
-for f in ledger.jsonl summary.json telemetry.jsonl; do [ -f "$run/$f" ] && cp "$run/$f" "$OUT/$f"; done
+BUDGET=${AIPERF_GPU_BATCH_S:-150}
+WORK=${AIPERF_GPU_WORK:-/tmp/gpu-batch}
+rm -rf "$WORK" && mkdir -p "$WORK"
+if ! python3 -c "import keras, ray, optuna, pydantic" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || exit 1
+  export PYTHONPATH=/tmp/site:.:benchmarks
+else
+  export PYTHONPATH=.:benchmarks
 fi
-
-if [[ $steps == *" peak "* ]]; then
-echo "== bf16 matmul peak"
-timeout 60 python3 -c "import json, common; print(json.dumps(common.jax_matmul_peak('bfloat16')))" | tee "$OUT/peak.json"
-fi
-
-if [[ $steps == *" throughput "* ]]; then
-echo "== trainer vs hand-written step"
-timeout 200 python3 benchmarks/trial_throughput.py --no-fit-variants --json "$OUT/trial_throughput.json"
-fi
-
-if [[ $steps == *" first_step "* ]]; then
-echo "== a re-tune's first step, ResNet-50 224x224 b128"
-timeout 150 python3 benchmarks/first_step.py --backend jax --arch resnet50 --image 224 --batch 128 --steps 4 --reps 1 --json "$OUT/first_step.json"
-fi
-if [[ $steps == *" agents "* ]]; then
-echo "== one node agent per node (cluster.actors=per_node): synthetic, 90 s, its worker a process on the GPU"
-timeout 240 python3 -m aiperf.cli run --config synthetic --set cluster.actors=per_node --set model.backend=jax \
-    --set run.time_budget_s=90 --set run.results_dir=/tmp/agents
-run=$(ls -d /tmp/agents/*/ 2>/dev/null | head -1)
-for f in ledger.jsonl summary.json; do [ -f "$run/$f" ] && cp "$run/$f" "$OUT/agents-$f"; done
-[ -n "$run" ] && timeout 120 python3 -m aiperf.cli verify "$run"
-fi
-if [[ $steps == *" startup "* ]]; then
-echo "== the start-up fill at 65,536 simulated workers by expansion processes (the machine's CPUs, wall clock)"
-nproc
-for p in 0 4 8 15; do
-  OMP_NUM_THREADS=1 timeout 120 python3 benchmarks/scale_sim.py --workers 65536 --trials-per-worker 3 --startup-only \
-      --processes $p --json "$OUT/startup-$p.json"
-done
-fi
-if [[ $steps == *" llm "* ]]; then
-echo "== the language-model workload: llm-official's seed (13.2 M parameters, bf16) on the embedded corpus, 4 minutes"
-timeout 330 python3 -m aiperf.cli run --config llm-official --set dataset.name=text --set dataset.path=null \
-    --set model.backend=jax --set run.time_budget_s=240 --set lm.steps_per_epoch=100 --set run.results_dir=/tmp/llm
-run=$(ls -d /tmp/llm/*/ 2>/dev/null | head -1)
-for f in ledger.jsonl summary.json; do [ -f "$run/$f" ] && cp "$run/$f" "$OUT/llm-$f"; done
-[ -n "$run" ] && timeout 120 python3 -m aiperf.cli verify "$run"
-fi
+export KERAS_BACKEND=jax PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=3
+command -v nvidia-smi >/dev/null && nvidia-smi -L
+python3 -c "import jax, keras, ray, optuna; print('jax', jax.__version__, jax.devices(), 'keras', keras.__version__, 'ray', ray.__version__)" \
+  || exit 1
+device=$(python3 -c "import jax; d = jax.devices()[0]; print((d.device_kind if d.platform != 'cpu' else 'cpu').replace(' ', '-'))")
+aiperf() { python3 -m aiperf.cli "$@"; }
+# one workload: run, verify, audit; its checks as NAME=verify:RC,audit:RC
+workload() {
+  local name=$1; shift
+  echo "== $name: $BUDGET s"
+  timeout $((BUDGET + 240)) python3 -m aiperf.cli run "$@" --set model.backend=jax --set run.time_budget_s="$BUDGET" \
+      --set run.results_dir="$WORK/$name"
+  local run
+  run=$(ls -d "$WORK/$name"/*/ 2>/dev/null | head -1)
+  [ -z "$run" ] && { echo "$name: no run directory"; return; }
+  timeout 120 python3 -m aiperf.cli verify "$run"; local verify=$?
+  timeout 240 python3 -m aiperf.cli audit "$run"; local audit=$?
+  for f in summary.json ledger.jsonl telemetry.jsonl audit.json; do [ -f "$run/$f" ] && cp "$run/$f" "$OUT/$name-$f"; done
+  RUNS+=(--run "$name=$run" --check "$name=verify:$verify,audit:$audit")
+}
+RUNS=()
+read -r -a IMAGE <<<"${AIPERF_GPU_IMAGE:---config synthetic --set dataset.synthetic.shape=[64,64,3] --set model.width=64 --set train.batch_size=256}"
+workload image "${IMAGE[@]}"
+read -r -a LANGUAGE <<<"${AIPERF_GPU_LANGUAGE:---config llm-official --set dataset.name=text --set dataset.path=null --set lm.steps_per_epoch=100}"
+workload language "${LANGUAGE[@]}"
+python3 benchmarks/gpu_figures.py "${RUNS[@]}" --json "$OUT/$(date -u +%F)-$device.json"
 echo "== done"

@@ -102,6 +102,8 @@ class EpochReport:
     missing_images: int = 0  # of skipped_images: files deleted since the run began
     oom_retries: int = 0
     idle_before_s: float | None = None  # first epoch of a trial: the worker's idle time before it
+    compile_s: float | None = None  # of train_s + eval_s: tracing/compilation this epoch disclosed (CompileShares)
+    compile_wait_s: float | None = None  # first epoch: of idle_before_s, waiting for this trial's steps to compile
     weights: Weights | StoredWeights | None = None  # the checkpoint for a re-queue (None: not checkpointed)
     train_tokens: int | None = None  # a language trial: tokens trained on (targets), the count its FLOPs scale with
     eval_tokens: int | None = None  # a language trial: validation tokens

@@ -86,7 +86,11 @@ def _exit_with_parent(parent: int) -> None:
 
 
 def _slot_main(conn: Any, worker_id: str, dataset: Dataset | LanguageData, settings: Any, devices: str | None) -> None:
-    """A slot's process: build the worker, then answer the agent's requests until told to stop or the pipe closes."""
+    """A slot's process: build the worker, then answer the agent's requests until told to stop or the pipe closes.
+
+    A thread reads the pipe, so a ``prepare`` request (a trial queued behind the running one) reaches the
+    worker's compile thread while a trial trains; every other request is answered here, in order.
+    """
     if devices is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = devices
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True, name="parent-watch").start()
@@ -98,11 +102,12 @@ def _slot_main(conn: Any, worker_id: str, dataset: Dataset | LanguageData, setti
         conn.send(("error", f"{type(exc).__name__}: {first_line(exc, 400)}"))
         return
     conn.send(("ready", worker.info()))
+    requests: queue.SimpleQueue[tuple] = queue.SimpleQueue()
+    ahead: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
+    threading.Thread(target=_read_requests, args=(conn, requests, ahead), daemon=True, name="requests").start()
+    threading.Thread(target=_compile_ahead, args=(worker, ahead), daemon=True, name="compile-ahead").start()
     while True:
-        try:
-            request = conn.recv()
-        except EOFError:  # the agent is gone
-            return
+        request = requests.get()
         kind = request[0]
         if kind == "stop":
             return
@@ -117,6 +122,26 @@ def _slot_main(conn: Any, worker_id: str, dataset: Dataset | LanguageData, setti
             conn.send(("error", f"{type(exc).__name__}: {first_line(exc, 400)}"))
 
 
+def _read_requests(conn: Any, requests: queue.SimpleQueue[tuple], ahead: queue.SimpleQueue[dict[str, Any]]) -> None:
+    """The slot's pipe, read as requests come: ``prepare`` goes to the compile thread, the rest in order."""
+    while True:
+        try:
+            request = conn.recv()
+        except (EOFError, OSError):  # the agent is gone
+            requests.put(("stop",))
+            return
+        if request[0] == "prepare":
+            ahead.put(request[1])
+        else:
+            requests.put(request)
+
+
+def _compile_ahead(worker: Any, ahead: queue.SimpleQueue[dict[str, Any]]) -> None:
+    """The slot's compile thread: each queued trial's model built and its steps compiled (``TrialWorker.prepare``)."""
+    while True:
+        worker.prepare(ahead.get())
+
+
 class _SlotProcess:
     """The agent's side of one slot: its process, its pipe, and a lock so one request talks at a time."""
 
@@ -128,7 +153,8 @@ class _SlotProcess:
         )
         self.process.start()
         child.close()
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # one request and its answers at a time
+        self._send_lock = threading.Lock()  # a prepare request may be sent while another request is answered
         self.worker_id = worker_id
         self.ready = False  # its worker answered: trials may be sent
 
@@ -144,9 +170,15 @@ class _SlotProcess:
     def send(self, message: tuple) -> None:
         """Send the process a request; :class:`SlotLost` when it is gone (it died while it had nothing to do)."""
         try:
-            self.conn.send(message)
+            with self._send_lock:
+                self.conn.send(message)
         except OSError:
             raise self.lost() from None
+
+    def prepare(self, spec: dict[str, Any]) -> None:
+        """Have the process compile a queued trial ahead (no answer; a process already gone is found by the trial)."""
+        with contextlib.suppress(OSError), self._send_lock:
+            self.conn.send(("prepare", spec))
 
     def lost(self) -> SlotLost:
         """Why the process can no longer be reached: the same words however the agent found out.
@@ -159,7 +191,7 @@ class _SlotProcess:
         return SlotLost(f"worker {self.worker_id}'s process died (exit code {self.process.exitcode})")
 
     def stop(self) -> None:
-        with contextlib.suppress(OSError):  # a process already gone has no pipe to read it
+        with contextlib.suppress(OSError), self._send_lock:  # a process already gone has no pipe to read it
             self.conn.send(("stop",))
         self.process.join(SLOT_STOP_S)
         if self.process.is_alive():
@@ -188,12 +220,15 @@ class NodeAgent:
         self._slots: dict[int, _SlotProcess] = {}
         self._failed: dict[int, str] = {}  # slots whose start failed, with why
         self._changed = threading.Condition()  # a slot registered, became ready, failed or stopped
+        self._ahead = False  # queued trials go to their slots to be compiled ahead (set from the slots' settings)
+        self._waiting: dict[int, list[TrialSpec]] = {}  # per slot: the trials waiting for it, in the order they came
 
     def start(self, key: int, worker_id: str, dataset: Dataset | LanguageData, settings: Any) -> dict[str, Any]:
         """Start slot ``key``'s process (a slot started before is stopped first); its description once ready.
 
         The pool queues trials on a slot while it starts; they wait in :meth:`_slot` until it is ready.
         """
+        self._ahead = bool(getattr(settings, "compile_ahead", False)) and getattr(settings, "backend", "") == "jax"
         with self._changed:
             old = self._slots.pop(key, None)
             self._failed.pop(key, None)
@@ -263,6 +298,7 @@ class NodeAgent:
                 out.put((index, TrialEnded(error=f"{type(exc).__name__}: {first_line(exc, 400)}")))
                 continue
             by_slot.setdefault(key, []).append((index, worker_id, start))
+            self._queue_behind(key, worker_id, start.spec)
 
         def run_slot(key: int, trials: list[tuple[int, str, StartWeights]]) -> None:
             for index, worker_id, start in trials:
@@ -288,13 +324,53 @@ class NodeAgent:
             running -= isinstance(item, TrialEnded)
             yield index, item
 
+    def _queue_behind(self, key: int, worker_id: str, spec: TrialSpec) -> None:
+        """Note a trial waiting for slot ``key``; if the slot is busy and none waits before it, compile it ahead now.
+
+        The trials a slot will run next, from any call, wait here in the order they came; each
+        trial that starts sends the first of them to be compiled ahead (:meth:`_relay`).
+        """
+        with self._changed:  # noted even before a slot's start says whether it compiles ahead
+            waiting = self._waiting.setdefault(key, [])
+            waiting.append(spec)
+            slot = self._slots.get(key)
+            first = len(waiting) == 1
+        if (
+            self._ahead
+            and first
+            and slot is not None
+            and slot.ready
+            and slot.worker_id == worker_id
+            and slot.lock.locked()
+        ):
+            slot.prepare(spec.to_dict())
+
+    def _next_behind(self, key: int, started: TrialSpec) -> TrialSpec | None:
+        """Slot ``key`` started ``started``: the trial waiting first behind it, if any."""
+        with self._changed:
+            waiting = self._waiting.get(key, [])
+            if started in waiting:
+                waiting.remove(started)
+            return waiting[0] if waiting else None
+
     def _relay(self, key: int, worker_id: str, start: StartWeights) -> Generator[TrialMessage, None, None]:
-        """Run a trial on slot ``key`` from the weights fetched for it; its messages as its process sends them."""
-        slot = self._slot(key)
+        """Run a trial on slot ``key`` from the weights fetched for it; its messages as its process sends them.
+
+        The trial waiting first behind it on the slot is sent to be compiled ahead meanwhile.
+        """
+        try:
+            slot = self._slot(key)
+        except SlotLost:
+            self._next_behind(key, start.spec)
+            raise
         if slot.worker_id != worker_id:  # the worker was lost and its slot started again for another
+            self._next_behind(key, start.spec)
             raise SlotLost(f"worker {worker_id} is gone: its slot now runs worker {slot.worker_id}")
         with slot.lock:
             slot.send(("run", start.spec.to_dict(), start.parent, start.resume))
+            behind = self._next_behind(key, start.spec)
+            if behind is not None and self._ahead:
+                slot.prepare(behind.to_dict())
             while True:
                 kind, value = slot.receive()
                 if kind == "end":

@@ -39,7 +39,7 @@ from aiperf.cluster.node_agent import NodeAgent, SlotLost
 from aiperf.cluster.node_weights import WeightKeeper
 from aiperf.cluster.plan import Plan, Slot, make_plan
 from aiperf.cluster.ray_session import ControlPlaneWatch
-from aiperf.cluster.worker import LIVENESS_GROUP, RayTrialWorker, WorkerSettings
+from aiperf.cluster.worker import LIVENESS_GROUP, PREPARE_GROUP, RayTrialWorker, WorkerSettings
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -322,9 +322,11 @@ class RayWorkerPool(WorkerPool):
         self._max_workers = max_workers
         self._dataset_ref = ray.put(dataset)
         # Ray's type stubs lack concurrency_groups, which ray.remote takes (docs: "Concurrency Groups").
-        self._actor_cls = ray.remote(max_restarts=0, concurrency_groups={LIVENESS_GROUP: 1})(  # type: ignore[call-overload]
-            RayTrialWorker
-        )
+        self._actor_cls = ray.remote(  # type: ignore[call-overload]
+            max_restarts=0, concurrency_groups={LIVENESS_GROUP: 1, PREPARE_GROUP: 1}
+        )(RayTrialWorker)
+        # A trial queued behind a running one is sent to be compiled ahead too (JAX: aiperf.training.compile_ahead).
+        self._ahead = settings.compile_ahead and settings.backend == "jax"
         self._per_node = per_node
         self._agents: list[_Agent] = []
         self._agent_cls = ray.remote(max_restarts=0)(NodeAgent)
@@ -533,6 +535,8 @@ class RayWorkerPool(WorkerPool):
         self._refresh_free(w)
         if w.agent is None:
             task.gen = w.actor.run_trial.remote(spec, parent_weights, resume_weights)
+            if self._ahead and len(w.tasks) > 1:  # behind a running trial: its steps compile while that one trains
+                w.actor.prepare.options(concurrency_group=PREPARE_GROUP).remote(spec)
             return
         for agent, held in self._batcher.add(w.agent.agent, _Held(w, task, spec, parent_weights, resume_weights)):
             self._send(agent, held)

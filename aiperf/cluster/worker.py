@@ -16,6 +16,7 @@ import gc
 import logging
 import os
 import socket
+import threading
 import time
 import zlib
 from collections.abc import Generator
@@ -39,6 +40,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 LIVENESS_GROUP = "liveness"  # the actor's concurrency group for RayTrialWorker.alive: a thread beside the trials'
+WORKER_START_S = 600.0  # the longest a prepare request waits for the worker's start-up (framework, dataset, ceiling)
+PREPARE_GROUP = "prepare"  # ... and for RayTrialWorker.prepare: the thread that compiles queued trials ahead
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,6 +65,7 @@ class WorkerSettings:
     max_bad_fraction: float
     shuffle_buffer: int
     compiled_models: int
+    compile_ahead: bool  # train.compile_ahead
     ceiling_s: float | Literal["auto"]  # cluster.ceiling_s: the matmul ceiling's time at start (0: none)
     lm_steps_per_epoch: int  # lm.steps_per_epoch: a language trial's optimizer steps per epoch
     lm_eval_windows: int  # lm.eval_windows: the validation sequences of every language evaluation
@@ -84,6 +88,7 @@ class WorkerSettings:
             max_bad_fraction=cfg.dataset.max_bad_fraction,
             shuffle_buffer=cfg.dataset.shuffle_buffer,
             compiled_models=cfg.train.compiled_models,
+            compile_ahead=cfg.train.compile_ahead,
             ceiling_s=cfg.cluster.ceiling_s,
             lm_steps_per_epoch=cfg.lm.steps_per_epoch,
             lm_eval_windows=cfg.lm.eval_windows,
@@ -218,6 +223,21 @@ class TrialWorker:
             else:
                 raise ValueError(f"the trainer yielded an item of unknown type {kind!r}")
 
+    def prepare(self, spec: dict[str, Any]) -> bool:
+        """Build and compile the model of a trial queued behind the running one (the runner's ``prepare``).
+
+        Called on a thread of its own while a trial trains; never raises: a spec that cannot be
+        prepared fails, if at all, when its trial runs, with the trial's own error.
+        """
+        prepare = getattr(self.runner, "prepare", None)
+        if prepare is None:
+            return False
+        try:
+            return bool(prepare(TrialSpec.from_dict(spec)))
+        except Exception as exc:
+            logger.debug(f"worker {self.worker_id}: could not compile trial {spec.get('trial_id')} ahead: {exc}")
+            return False
+
     def stats(self) -> dict[str, Any]:
         alive = time.monotonic() - self.ready_at
         gaps = sorted(self.gaps)
@@ -253,6 +273,7 @@ class RayTrialWorker:
         self._args: tuple[str, Dataset, WorkerSettings] | None = (worker_id, dataset, settings)
         self._worker: TrialWorker | None = None
         self._failed: Exception | None = None
+        self._started = threading.Event()  # the worker was built (or failed to be), on its own thread
         self._store = NodeStore(keeper)  # the node's WeightKeeper: the weights this worker produces stay on its node
 
     def _built(self) -> TrialWorker:
@@ -265,6 +286,8 @@ class RayTrialWorker:
         except Exception as exc:
             self._failed = exc
             raise
+        finally:
+            self._started.set()
         self._args = None
         return self._worker
 
@@ -287,6 +310,12 @@ class RayTrialWorker:
 
     def stats(self) -> dict[str, Any]:
         return self._built().stats()
+
+    def prepare(self, spec: dict[str, Any]) -> bool:
+        """A queued trial compiled ahead (``PREPARE_GROUP``), once the worker is built on its own thread."""
+        self._started.wait(WORKER_START_S)
+        worker = self._worker
+        return worker.prepare(spec) if worker is not None else False
 
     def alive(self) -> bool:
         """The master's liveness question (``LIVENESS_GROUP``): answered unless the process is stopped or gone."""
@@ -315,6 +344,7 @@ def trainer_settings(settings: WorkerSettings, device: DeviceInfo) -> TrainerSet
         max_bad_fraction=settings.max_bad_fraction,
         shuffle_buffer=settings.shuffle_buffer,
         compiled_models=settings.compiled_models,
+        compile_ahead=settings.compile_ahead,
     )
 
 

@@ -934,13 +934,13 @@ def epoch_record(report: EpochReport, **measured_here: Any) -> EpochRecord:
     and the record share reaches the ledger without being named again here.
     """
     shared = {f.name: getattr(report, f.name) for f in fields(report) if f.name in EpochRecord.model_fields}
-    for name in _LANGUAGE_ONLY:  # an image epoch's record stays as it was: no null token counts
+    for name in _WHEN_MEASURED:  # an image epoch's record has no null token counts, an old worker's no compile_s
         if shared.get(name) is None:
             shared.pop(name, None)
     return EpochRecord(**shared, **measured_here)
 
 
-_LANGUAGE_ONLY = ("train_tokens", "eval_tokens", "bits_per_byte")
+_WHEN_MEASURED = ("train_tokens", "eval_tokens", "bits_per_byte", "compile_s", "compile_wait_s")
 
 
 _Message = TypeVar("_Message", EpochReport, TrialDone, BadImagesReport)

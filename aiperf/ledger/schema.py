@@ -488,6 +488,10 @@ class EpochRecord(Record):
     precision: str
     oom_retries: Count = 0
     idle_before_s: Number | None = None
+    # Of train_s + eval_s, the tracing/compilation this epoch disclosed (absent before 2026-12-07).
+    compile_s: Quantity | None = None
+    # First epoch of an attempt: of idle_before_s, the wait for its steps to finish compiling ahead.
+    compile_wait_s: Quantity | None = None
     worker: str | None = None
     node: str | None = None
 

@@ -74,6 +74,8 @@ WORKLOADS: dict[str, Workload] = {
         ),
         Workload("default", "mnist-default", ("mnist",), 5_000, (4_000, 1_000), 0.95, size_growth=8.0, size_band=1.4),
         Workload("smoke", "smoke", ("digits",), 1_797, (1_438, 359), 0.80, ranked_runs=2),
+        # the default's work on one slot standing for a device (docs/cluster.md, "Where a device's time goes")
+        Workload("cpu-standin", "cpu-standin", ("mnist",), 5_000, (4_000, 1_000), 0.95, size_growth=8.0, size_band=1.4),
         Workload("fashion_mnist", "fashion-mnist", ("fashion_mnist",), 70_000, None, 0.90),
         Workload("synthetic", "synthetic", ("synthetic",), 22_000, (20_000, 2_000), 0.0),
         Workload("llm", "llm", ("text",), 0, None, 0.5, family="language"),

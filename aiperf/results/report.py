@@ -640,6 +640,48 @@ def _audit_section(run_dir: str | Path, records: list[Record]) -> str:
     )
 
 
+DEVICE_TIME_PARTS = (
+    (
+        "steady",
+        "steady_s",
+        "steady steps",
+        "train and evaluation steps of counted epochs, less compiling and input waits",
+    ),
+    ("compile_critical", "compile_critical_s", "compiling (critical path)", "waiting for a step to compile"),
+    ("data_wait", "data_wait_s", "waiting for input", "steps waiting for their batch"),
+    ("between_trials", "between_trials_s", "between trials", "model build, weights, Ray's hand-over"),
+    ("idle", "idle_s", "idle", "no trial to run, and epochs the run's end cut short (not counted)"),
+    ("starting", "starting_s", "starting", "before the worker was ready: process, framework, dataset, ceiling"),
+)
+
+
+def _device_time_section(summary: dict[str, Any]) -> str:
+    """Where the slots' time went (aiperf.results.device_time) and the engine's efficiency (from 2026-12-07)."""
+    section = summary.get("device_time")
+    if not section:
+        return ""
+    fractions = section["fractions"]
+    rows = [
+        f"<tr><td>{_e(label)}</td><td>{section[seconds]:,.1f}</td>"
+        f"<td>{100 * (fractions.get(name) or 0.0):.1f} %</td><td>{_e(what)}</td></tr>"
+        for name, seconds, label, what in DEVICE_TIME_PARTS
+    ]
+    engine = summary["efficiency"].get("engine")
+    critical = summary["workers"].get("compile_critical_fraction")
+    rate = section.get("steady_rate_ops_per_s")
+    lead = (
+        f'<p class="sub">{section["slots"]} slot(s) x {section["wall_s"]:,.0f} s. Engine efficiency '
+        f"{_e(f'{100 * engine:.1f} %' if engine is not None else '-')}: OPS over slots x the steady device rate "
+        f"({_e(format_ops(rate) if rate else '-')} a slot); compiling on the critical path "
+        f"{_e(f'{100 * critical:.1f} %' if critical is not None else '-')} of the workers' time.</p>"
+    )
+    return (
+        '<h2 id="device-time">Where the devices\' time went</h2>'
+        + lead
+        + _table(["part", "slot-seconds", "share", "what"], rows)
+    )
+
+
 def render_report(results: RunResults, summary: dict[str, Any], run_dir: str | Path = "") -> str:
     """The page as a string."""
     header = results.header
@@ -659,6 +701,7 @@ def render_report(results: RunResults, summary: dict[str, Any], run_dir: str | P
         + _input_section(summary)
         + _energy_section(summary)
         + _efficiency_section(summary)
+        + _device_time_section(summary)
         + _system(header, summary)
         + _audit_section(run_dir, results.records)
         + f"<footer>Computed from {ledger['records']} ledger records; last hash <code>{_e(ledger['last_hash'])}</code>."

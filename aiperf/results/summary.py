@@ -38,6 +38,12 @@ from aiperf.ledger.store import LEDGER_NAME, iter_ledger
 from aiperf.metrics.rules import evaluate_rules
 from aiperf.metrics.score import Score, ScoreTally, format_ops
 from aiperf.metrics.steadiness import spread_rates, steadiness_of
+from aiperf.results.device_time import (
+    DeviceTime,
+    compile_critical_fraction,
+    engine_efficiency,
+    format_device_time,
+)
 from aiperf.results.efficiency import NodeEpochs, efficiency_of, format_efficiency
 from aiperf.sampling.energy import EnergySummary, format_energy, not_measured, summarize_energy
 from aiperf.sampling.telemetry import TelemetrySummary, read_telemetry, shared_machine_notes, summarize_telemetry
@@ -257,6 +263,7 @@ class RunDigest:
         self.stop: RunStopRecord | None = None
         self.lo, self.hi, self.amount = array("d"), array("d"), array("d")  # each epoch's busy interval and ops
         self.node_epochs = NodeEpochs()
+        self.device_time = DeviceTime()
         self.workers: _Workers | None = None
         self.wait: dict[str, list[float]] = {}  # worker -> [data_wait_s, train_s] of its measured epochs
         self.measured = 0
@@ -332,6 +339,7 @@ class RunDigest:
         self.hi.append(end)
         self.amount.append(ops)
         self.node_epochs.add(rec)
+        self.device_time.add_epoch(rec)
         if self.language:
             self.train_tokens += rec.train_tokens or 0
             self.eval_tokens += rec.eval_tokens or 0
@@ -451,6 +459,7 @@ class RunDigest:
             "worker_start_failures": self._start_failures(),
             "ledger": {"records": self.count, "last_hash": self.last_hash},
         }
+        self._add_device_time(summary, plan.concurrency or workers.count, score.wall_s, workers)
         if self.language:  # an image run's summary keeps exactly its keys (published summaries still verify)
             summary["family"] = "language"
             summary["dataset"].update(
@@ -462,6 +471,24 @@ class RunDigest:
             )
             summary["language"] = self._language_summary(score)
         return summary
+
+    def _add_device_time(self, summary: dict[str, Any], slots: int, wall_s: float, w: _Workers) -> None:
+        """Where the devices' time went (:mod:`aiperf.results.device_time`), where the epochs tell it.
+
+        Ledgers whose epochs carry no ``compile_s`` get no such keys, so the summaries published
+        with them still verify.
+        """
+        worker_s = sum(float(life["alive_s"] or 0.0) for life in w.per_worker.values())
+        section = self.device_time.summary(slots, wall_s, worker_s)
+        if section is None:
+            return
+        summary["device_time"] = section
+        summary["efficiency"]["engine"] = engine_efficiency(section)
+        summary["workers"]["compile_critical_fraction"] = compile_critical_fraction(section)
+        for name, life in summary["workers"]["per_worker"].items():
+            extra = self.device_time.worker(name)
+            if extra is not None:
+                life.update(extra)
 
     def _workers_summary(self, w: _Workers) -> WorkersSummary:
         return {
@@ -646,6 +673,12 @@ def format_summary(summary: dict[str, Any], run_dir: str | Path) -> str:
     workers = summary["workers"]  # summarize always writes it, as the sections below
     if workers.get("busy_fraction_mean") is not None:
         lines.insert(-1, f"  workers              {format_workers(workers)}")
+    device_time = format_device_time(summary.get("device_time"))
+    if device_time is not None:
+        engine = summary["efficiency"].get("engine")
+        lines.insert(-1, f"  device time          {device_time}")
+        if engine is not None:
+            lines.insert(-1, f"  engine efficiency    {100 * engine:.1f} % (OPS over slots x steady device rate)")
     failures = summary.get("worker_start_failures") or {}
     if failures.get("count"):
         first = failures["first"]

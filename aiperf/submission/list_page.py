@@ -118,6 +118,7 @@ SORT_VALUES: dict[str, Callable[[Row], float | None]] = {
     "Rpeak": lambda r: r.rpeak,
     "OPS/Rpeak": lambda r: r.ops_over_rpeak,
     "OPS/ceiling": lambda r: r.ops_over_ceiling,
+    "engine": lambda r: r.engine_efficiency,
     "OPS per watt": lambda r: r.ops_per_watt,
     "runs": lambda r: r.runs,
     "duration": lambda r: r.duration_s,

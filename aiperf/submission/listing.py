@@ -225,6 +225,7 @@ COLUMNS: list[tuple[str, Callable[[Row], str]]] = [
     ("Rpeak", lambda r: _ops(r.rpeak, "FLOP/s")),
     ("OPS/Rpeak", lambda r: percent(r.ops_over_rpeak)),
     ("OPS/ceiling", lambda r: percent(r.ops_over_ceiling)),
+    ("engine", lambda r: percent(r.engine_efficiency)),
     ("OPS per watt", _watts),
     ("runs", lambda r: r.runs_text),
     ("duration", _duration),
@@ -278,7 +279,8 @@ def _csv_safe(value: object) -> object:
 CSV_FIELDS = (
     "rank", "workload", "system", "submitter", "site", "nodes", "accelerators", "backend", "precision",
     "ops_per_s", "ops_olympic_mean", "ops_min", "ops_max", "ops_cv", "regulated", "regulated_cv", "tokens_per_s",
-    "rpeak_flops", "ops_over_rpeak", "ops_over_ceiling", "ops_per_watt", "energy_level",
+    "rpeak_flops", "ops_over_rpeak", "ops_over_ceiling", "engine_efficiency", "compile_critical_fraction",
+    "ops_per_watt", "energy_level",
     "runs", "duration_s", "official", "verdict", "note", "package",
 )  # fmt: skip
 
@@ -293,7 +295,8 @@ def csv_records(rows: Sequence[Row]) -> list[dict[str, Any]]:
             ops.median if ops else None, ops.olympic_mean if ops else None, ops.min if ops else None,
             ops.max if ops else None, ops.cv if ops else None, reg.median if reg else None, reg.cv if reg else None,
             r.tokens_per_s,
-            r.rpeak, r.ops_over_rpeak, r.ops_over_ceiling, r.ops_per_watt, r.energy_level,
+            r.rpeak, r.ops_over_rpeak, r.ops_over_ceiling, r.engine_efficiency, r.compile_critical,
+            r.ops_per_watt, r.energy_level,
             r.runs, r.duration_s, r.official, "accepted" if r.accepted else "rejected", r.note, r.package,
         )  # fmt: skip
         records.append({k: _csv_safe(v) for k, v in zip(CSV_FIELDS, values, strict=True)})

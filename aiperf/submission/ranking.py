@@ -60,6 +60,8 @@ class Row:
     rpeak: float | None = None
     ops_over_rpeak: float | None = None
     ops_over_ceiling: float | None = None
+    engine_efficiency: float | None = None  # OPS / (slots x steady device rate), docs/cluster.md
+    compile_critical: float | None = None  # compiling on the critical path / the workers' time
     ops_per_watt: float | None = None
     energy_level: str | None = None  # "level 2: whole compute nodes", "below level 1: accelerators only", or why none
     duration_s: float | None = None
@@ -225,6 +227,10 @@ def combine_runs(
         rpeak=_median_all(rpeaks),
         ops_over_rpeak=_median_all([_number(e.get("ops_over_rpeak")) for e in efficiency]),
         ops_over_ceiling=_median_all([_number(e.get("ops_over_ceiling")) for e in efficiency]),
+        engine_efficiency=_median_all([_number(e.get("engine")) for e in efficiency]),
+        compile_critical=_median_all(
+            [_number(_section(s, "workers").get("compile_critical_fraction")) for s in summaries]
+        ),
         ops_per_watt=ops_per_watt,
         energy_level=level,
         duration_s=_median_all([_number(s.get("wall_s")) for s in scores]),

@@ -22,3 +22,36 @@ def eval_compile_overhead(eval_s: list[float]) -> float:
     if len(eval_s) < 2:
         return 0.0
     return max(0.0, eval_s[0] - min(eval_s[1:]))
+
+
+class CompileShares:
+    """The compile time each epoch of a trial discloses, so an epoch record carries its own share.
+
+    The first epoch discloses its first step's excess (:func:`compile_overhead`); the first
+    evaluation's excess (:func:`eval_compile_overhead`) can only be told once a later evaluation
+    is timed, so each later epoch discloses what the first evaluation cost beyond the fastest
+    one since, less what was disclosed before. The shares add up to the trial's ``compile_s``;
+    an epoch stopped by the run's end discloses nothing, and a single-epoch trial's first
+    evaluation stays in its step time (it cannot be told apart).
+    """
+
+    def __init__(self) -> None:
+        self.train_s: float | None = None  # the first step's excess, once measured
+        self.evals: list[float] = []
+        self._eval_disclosed = 0.0
+
+    def epoch(self, first_step_excess: float | None, eval_s: float) -> float:
+        """This epoch's share: ``first_step_excess`` (measured in it, else None) and the evaluations' new excess."""
+        share = 0.0
+        if self.train_s is None and first_step_excess is not None:
+            self.train_s = first_step_excess
+            share += first_step_excess
+        self.evals.append(eval_s)
+        eval_excess = eval_compile_overhead(self.evals)
+        share += eval_excess - self._eval_disclosed
+        self._eval_disclosed = eval_excess
+        return share
+
+    def total(self) -> float | None:
+        """The trial's compile_s (None while no first step was measured)."""
+        return None if self.train_s is None else self.train_s + eval_compile_overhead(self.evals)

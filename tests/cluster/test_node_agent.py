@@ -42,7 +42,7 @@ def test_a_slot_whose_process_died_between_trials_says_it_died_when_it_is_sent_w
     slot.process = context.Process(target=time.sleep, args=(60,))
     slot.process.start()
     child.close()  # as the agent's end of a slot whose process is gone: nobody reads the pipe
-    slot.worker_id = "w0003"
+    slot.worker_id, slot._send_lock = "w0003", threading.Lock()
     os.kill(slot.process.pid, signal.SIGKILL)
     with pytest.raises(SlotLost, match=r"^worker w0003's process died \(exit code -9\)$"):
         slot.send(("run", {}, None, None))
@@ -57,6 +57,10 @@ class _ScriptedSlot:
         self.worker_id, self.replies, self.ready = worker_id, replies, True
         self.lock = threading.Lock()
         self.ran: list[str] = []
+        self.prepared: list[str] = []
+
+    def prepare(self, spec: dict) -> None:
+        self.prepared.append(spec["trial_id"])
 
     def send(self, message: tuple) -> None:
         self.ran.append(message[1]["trial_id"])
@@ -74,6 +78,7 @@ def _request(key: int, worker: str, trial: str) -> tuple:
 def test_one_call_runs_each_slots_trials_in_order_and_ends_each_trials_share_on_its_own():
     agent = NodeAgent.__new__(NodeAgent)  # no Ray: the slots' processes are scripted
     agent._changed, agent._failed, agent._store = threading.Condition(), {}, None
+    agent._ahead, agent._waiting = False, {}
     done = ("message", TrialDone(weights=None))
     slot0 = _ScriptedSlot(
         "w0000",
@@ -104,6 +109,20 @@ def test_one_call_runs_each_slots_trials_in_order_and_ends_each_trials_share_on_
     assert [type(m) for m in by_trial[3]] == [TrialStarted, TrialDone, TrialEnded], "the failure ended only its trial"
     zero = [index for index, _ in items if index in (0, 2, 3)]
     assert zero == sorted(zero), "each of slot 0's trials ends before the next one's messages"
+
+
+def test_each_trial_that_starts_sends_the_next_one_waiting_for_its_slot_to_be_compiled_ahead():
+    agent = NodeAgent.__new__(NodeAgent)
+    agent._changed, agent._failed, agent._store = threading.Condition(), {}, None
+    agent._ahead, agent._waiting = True, {}
+    ran = [("message", TrialStarted(worker="w0000")), ("message", TrialDone(weights=None)), ("end", None)]
+    slot0 = _ScriptedSlot("w0000", [list(ran), list(ran), list(ran)])
+    agent._slots = {0: slot0}
+    items = list(agent.run_trials([_request(0, "w0000", "t0"), _request(0, "w0000", "t1"), _request(0, "w0000", "t2")]))
+    assert slot0.ran == ["t0", "t1", "t2"]
+    assert slot0.prepared == ["t1", "t2"], "each trial's successor compiles while it runs; the last has none"
+    assert sum(isinstance(m, TrialEnded) for _, m in items) == 3
+    assert agent._waiting == {0: []}, "nothing stays queued once the trials ran"
 
 
 def _agent_children(run: subprocess.Popen) -> list[psutil.Process]:

@@ -72,6 +72,10 @@ class CompiledModels:
         self.hits += 1
         return entry
 
+    def peek(self, key: str) -> CompiledModel | None:
+        """The compiled model for ``key`` without using it (not counted, its place kept)."""
+        return self._models.get(key)
+
     def make_room(self) -> None:
         """Drop the least recently used models until a new one fits."""
         while self._models and len(self._models) >= max(1, self.capacity):

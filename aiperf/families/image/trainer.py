@@ -19,6 +19,7 @@ delivers (:func:`~aiperf.datasets.bad_images.largest_full_batch`).
 from __future__ import annotations
 
 import math
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -36,7 +37,8 @@ from aiperf.families.image.model import build_model, get_weights, initial_weight
 from aiperf.families.image.runtime_hparams import set_trial_hparams
 from aiperf.families.image.stream_input import TOO_MANY_BAD
 from aiperf.training.backend import is_out_of_memory, seed_trial
-from aiperf.training.step_timing import compile_overhead, eval_compile_overhead
+from aiperf.training.compile_ahead import StepShapes, ahead_ready, ahead_supported, compile_ahead, install
+from aiperf.training.step_timing import CompileShares, compile_overhead
 from aiperf.training.trial import TrialSpec, Weights, apply_hparams, inherit_weights
 from nas.graph import Graph
 
@@ -46,6 +48,7 @@ if TYPE_CHECKING:
     from aiperf.families.image.stream_input import TrainStream
 
 ACTIVATION_MEMORY_FRACTION = 0.6
+PREPARED_LIMIT = 2  # models compiled ahead and not yet trained that a worker holds (its queued trials')
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,7 @@ class TrainerSettings:
     max_bad_fraction: float = 0.001  # undecodable images allowed, as a share of the dataset
     shuffle_buffer: int = 8192  # streamed TFRecord shards: records in the shuffle buffer
     compiled_models: int = 4  # architectures kept compiled for later trials (0: build every trial afresh)
+    compile_ahead: bool = True  # compile a queued trial's steps while the one before trains (JAX, one device)
 
 
 def batch_limit(activation_bytes_per_image: float, device_memory_bytes: int, max_batch: int) -> int:
@@ -140,6 +144,16 @@ class TrialRunner:
         self.bad_limit = bad_image_limit(dataset.train_size + dataset.val_size, settings.max_bad_fraction)
         self.reported_bad: set[str] = set()  # names already sent to the master by this worker
         self.compiled = CompiledModels(settings.compiled_models)
+        # Compiling ahead (prepare, on the worker's compile thread): JAX on one device, resident data.
+        self.ahead = (
+            settings.compile_ahead and ahead_supported(self.backend, settings.data_parallel) and not dataset.streaming
+        )
+        self._prepared: dict[str, CompiledModel] = {}  # models compiled ahead, not yet trained
+        self._preparing: set[str] = set()  # compile keys being prepared now
+        self._state = threading.Condition()  # guards the three above and the kept models
+        # Keras keeps its global state per thread, but clear_session replaces it for every thread: whatever
+        # builds, compiles or traces a model holds this lock, so a clean-up never lands in another thread's build.
+        self._keras_lock = threading.Lock()
 
     # -- input ---------------------------------------------------------------------------------
     def _train_feed(self, batch: int, seed: int) -> TrainInput | TrainStream:
@@ -239,29 +253,105 @@ class TrialRunner:
             set_weights(model, graph, weights)
         return model
 
-    def _model_for(self, graph: Graph, weights: Weights | None) -> tuple[CompiledModel, bool]:
-        """A compiled model of ``graph`` holding ``weights`` (a fresh start if None), and whether it was reused.
+    def _model_for(self, graph: Graph, weights: Weights | None) -> tuple[CompiledModel, bool, float]:
+        """A compiled model of ``graph`` holding ``weights`` (a fresh start if None), whether it was reused,
+        and the seconds spent waiting for it to finish compiling ahead.
 
-        Either way the model starts from the same state: the kept model gets the weights a
-        fresh build would have drawn (:func:`initial_weights`, same RNG order) and its
+        Either way the model starts from the same state: the kept (or prepared) model gets the
+        weights a fresh build would have drawn (:func:`initial_weights`, same RNG order) and its
         optimizer's freshly built state back.
         """
         import keras
 
         key = compile_key(graph)
-        entry = self.compiled.take(key)
+        waited = 0.0
+        with self._state:
+            if key in self._preparing:  # being compiled ahead right now: the device waits for it, once
+                t0 = time.perf_counter()
+                while key in self._preparing:
+                    self._state.wait()
+                waited = time.perf_counter() - t0
+            entry = self._prepared.pop(key, None)
+            if entry is not None:
+                self.compiled.keep(entry)
+            else:
+                entry = self.compiled.take(key)
         if entry is not None:
             set_weights(entry.model, graph, weights if weights is not None else initial_weights(graph))
             entry.restart_optimizer()
-            return entry, True
-        self.compiled.make_room()
-        keras.backend.clear_session()  # Keras's global state only: models kept in the cache stay usable
-        self._parallel.activate()  # clear_session also dropped a process-wide distribution
-        model = self._build(graph, weights)
-        self._compile(model)
+            return entry, True, waited
+        with self._keras_lock:
+            with self._state:
+                self.compiled.make_room()
+            keras.backend.clear_session()  # Keras's global state only: models kept in the cache stay usable
+            self._parallel.activate()  # clear_session also dropped a process-wide distribution
+            model = self._build(graph, weights)
+            self._compile(model)
+            if self.ahead:
+                install(model)  # later trials of this architecture can have their shapes compiled ahead
         entry = CompiledModel.capture(key, model)
-        self.compiled.keep(entry)
-        return entry, False
+        with self._state:
+            self.compiled.keep(entry)
+        return entry, False, waited
+
+    def step_shapes(self, graph: Graph, spec: TrialSpec) -> StepShapes:
+        """The shapes of the steps ``spec`` will run on a resident dataset (as :meth:`run` and its input pick them)."""
+        x_train, y_train, _, _ = self.dataset.resident()
+        batch = max(1, min(self._batch_for(graph, spec), len(y_train)))  # TrainInput's clamp
+        replicas = max(1, self.settings.data_parallel)
+        eval_batch = eval_batch_size(self.dataset.val_size, max(batch, self.settings.eval_batch_size), replicas)
+        return StepShapes(batch, eval_batch, tuple(x_train.shape[1:]), str(x_train.dtype), str(y_train.dtype))
+
+    def prepare(self, spec: TrialSpec) -> bool:
+        """Build ``spec``'s model and compile its steps for its shapes now, before its trial starts.
+
+        Runs on the worker's compile thread while the device trains the trial before (the
+        master hands each worker its next trial early: cluster.queue_depth). The prepared
+        model waits for its trial (at most a few are held); a trial that arrives while its
+        model is still compiling waits for it (``compile_wait_s``) rather than compiling it
+        twice. Returns whether anything was compiled.
+        """
+        if not self.ahead:
+            return False
+        graph = apply_hparams(spec.architecture(), spec.hparams)
+        key = compile_key(graph)
+        shapes = self.step_shapes(graph, spec)
+        with self._state:
+            entry = self._prepared.get(key) or self.compiled.peek(key)
+            if key in self._preparing or (entry is not None and ahead_ready(entry.model, shapes)):
+                return False
+            self._preparing.add(key)
+        try:
+            if entry is None:
+                with self._keras_lock:
+                    model = self._build(graph, None)
+                    self._compile(model)
+                    install(model)
+                entry = CompiledModel.capture(key, model)
+            compile_ahead(entry.model, shapes, self._keras_lock)
+            with self._state:
+                if key not in self.compiled:
+                    self._prepared[key] = entry
+                    while len(self._prepared) > PREPARED_LIMIT:  # trials that never came: the oldest go
+                        self._prepared.pop(next(iter(self._prepared)))
+        finally:
+            with self._state:
+                self._preparing.discard(key)
+                self._state.notify_all()
+        return True
+
+    def _batch_for(self, graph: Graph, spec: TrialSpec) -> int:
+        """The global batch a trial trains with: as asked, within device memory and what an epoch surely fills."""
+        requested = int(spec.hparams["batch_size"])
+        limit = batch_limit(
+            activation_bytes(graph, self.settings.precision),
+            self.settings.device_memory_bytes,
+            self.settings.max_batch_size,
+        )
+        replicas = max(1, self.settings.data_parallel)  # batch sizes are per device; the global batch scales
+        # Never more than an epoch surely delivers: a larger batch would train no full batch at all.
+        fillable = largest_full_batch(self.dataset, self.settings.max_bad_fraction)
+        return max(replicas, min(requested, limit, max(1, fillable // replicas)) * replicas)
 
     def _prepare(self, entry: CompiledModel, graph: Graph, spec: TrialSpec, steps: tuple[int, int]) -> None:
         """Write this trial's hyperparameters and restart point into the compiled model."""
@@ -292,20 +382,13 @@ class TrialRunner:
         else:
             weights = None
         requested = int(spec.hparams["batch_size"])
-        limit = batch_limit(
-            activation_bytes(graph, self.settings.precision),
-            self.settings.device_memory_bytes,
-            self.settings.max_batch_size,
-        )
         replicas = max(1, self.settings.data_parallel)  # batch sizes are per device; the global batch scales
-        # Never more than an epoch surely delivers: a larger batch would train no full batch at all.
-        fillable = largest_full_batch(ds, self.settings.max_bad_fraction)
-        batch = max(replicas, min(requested, limit, max(1, fillable // replicas)) * replicas)
+        batch = self._batch_for(graph, spec)
         feed = self._train_feed(batch, spec.seed)
         batch = feed.batch
         steps_per_epoch = feed.steps
         epochs = spec.epochs
-        entry, reused = self._model_for(graph, weights)
+        entry, reused, compile_wait_s = self._model_for(graph, weights)
         model = entry.model
         self._prepare(entry, graph, spec, (steps_per_epoch * epochs, steps_per_epoch * spec.start_epoch))
         self.last_model = model
@@ -313,8 +396,7 @@ class TrialRunner:
         precision = model.get_layer(graph.nodes[1].label).dtype_policy.name
         oom_retries = 0
         first_step_s = None
-        compile_s = None
-        evals: list[float] = []  # this trial's evaluation times: the first one traces the predict step
+        compiles = CompileShares()  # the first step's and the first evaluation's excess, epoch by epoch
         best = None
         for epoch in range(spec.start_epoch + 1, epochs + 1):
             while True:
@@ -346,20 +428,21 @@ class TrialRunner:
                     del model
                     self.last_model = None  # nothing may keep the old model's device memory
                     self.compiled.clear()  # device memory ran out: kept models give theirs back, this one is built anew
-                    entry, _ = self._model_for(graph, weights)
+                    entry, _, _ = self._model_for(graph, weights)
                     model = entry.model
                     self._prepare(entry, graph, spec, (steps_per_epoch * epochs, steps_per_epoch * (epoch - 1)))
                     self.last_model = model
             train_s = time.perf_counter() - t_fit
             fed = feed.stats()
+            first_step_excess = None
             if first_step_s is None and timer.first_end is not None:
                 first_step_s = timer.first_end - t_fit
-                compile_s = compile_overhead(first_step_s, train_s, fed["steps"])
+                first_step_excess = compile_overhead(first_step_s, train_s, fed["steps"])
             t_eval = time.perf_counter()
             eval_batch = eval_batch_size(ds.val_size, max(batch, self.settings.eval_batch_size), replicas)
             logits, labels, val_skipped = self._evaluate(model, eval_batch)
             eval_s = time.perf_counter() - t_eval
-            evals.append(eval_s)
+            compile_share = compiles.epoch(first_step_excess, eval_s)
             skipped = len(fed["skipped"]) + len(val_skipped)
             missing_images = self._missing(fed["skipped"], val_skipped)[1] if skipped else 0
             if skipped:
@@ -394,6 +477,8 @@ class TrialRunner:
                 "batch_size": batch,
                 "precision": precision,
                 "oom_retries": oom_retries,
+                "compile_s": compile_share,
+                "compile_wait_s": compile_wait_s if epoch == spec.start_epoch + 1 else None,
                 "window": (t_fit, t_eval + eval_s),  # this process's perf_counter: first step to last step
             }
             weights = get_weights(model, graph)  # also the restart point should the next epoch run out of memory
@@ -405,7 +490,7 @@ class TrialRunner:
             "weights": weights,
             "startup_s": startup_s,
             "first_step_s": first_step_s,
-            "compile_s": None if compile_s is None else compile_s + eval_compile_overhead(evals),
+            "compile_s": compiles.total(),
             "step_reused": reused,
             "best_val_acc": best,
             "batch_size": batch,

@@ -27,7 +27,7 @@ import numpy as np
 
 from aiperf.errors import AiperfError, excerpt, first_line
 from aiperf.families.language.trainer import PRECISIONS, LMData, LMTraining
-from aiperf.training.step_timing import eval_compile_overhead
+from aiperf.training.step_timing import CompileShares
 from aiperf.training.trial import TrialSpec
 from nas.errors import NasError
 from nas.language.morph import LMMorph, apply_morph
@@ -177,14 +177,13 @@ class LMTrialRunner:
         plan = training.plan
         sequences = plan.steps_per_epoch * plan.batch_size
         windows = int(training.x_val.shape[0])
-        evals: list[float] = []
-        compile_s = 0.0
+        compiles = CompileShares()  # the first step's and the first evaluation's excess, epoch by epoch
         best: float | None = None
         weights = start
         for record in training.train():
             assert training.window is not None
-            evals.append(record.eval_seconds)
-            compile_s += record.compile_seconds
+            first_step_excess = record.compile_seconds if training.first_step_seconds is not None else None
+            compile_share = compiles.epoch(first_step_excess, record.eval_seconds)
             quality = lm_quality(record.bits_per_byte)
             best = quality if best is None else max(best, quality)
             weights = training.weights()
@@ -207,6 +206,7 @@ class LMTrialRunner:
                 "precision": plan.precision,
                 "steps": record.steps,
                 "input": "stream" if self.dataset.streaming else "memory",
+                "compile_s": compile_share,
             }
             if spec.checkpoint_every_epoch and record.epoch < plan.epochs:
                 item["weights"] = weights
@@ -217,7 +217,7 @@ class LMTrialRunner:
             "weights": weights if weights is not None else training.weights(),
             "startup_s": startup_s,
             "first_step_s": first_step_s,
-            "compile_s": None if first_step_s is None else compile_s + eval_compile_overhead(evals),
+            "compile_s": None if first_step_s is None else compiles.total(),
             "step_reused": False,
             "best_val_acc": best,
             "batch_size": plan.batch_size,

@@ -1,0 +1,171 @@
+"""A model's train and predict steps compiled ahead of time, so the device never waits for XLA.
+
+Under JAX, Keras compiles a model's train step inside its first ``fit`` step and its predict
+step inside the first ``predict``: on an H200 that was 75 % of a worker's time
+(benchmarks/RESULTS.md). Here the same steps are lowered and compiled for the batch shapes a
+trial will use (``jax.jit(...).lower(...).compile()``) by whichever thread prepares the model
+-- the worker's compile thread, while the device trains the trial before -- and installed on
+the model: its ``train_function`` and ``predict_function`` call the compiled executable when
+the arguments are the ones it was compiled for, and Keras's own jitted step otherwise (a
+shape nobody prepared is compiled just in time, as before, and counted as such). Nothing
+is re-traced on the training thread.
+
+This module holds the backend specifics (the Keras JAX trainer's step functions and
+``_make_function``; checked by tests/training/test_compile_ahead.py against the installed
+Keras), so the trainers above it talk to Keras only. TensorFlow and torch compile as before:
+:func:`ahead_supported` says where this applies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import keras
+
+
+@dataclass(frozen=True)
+class StepShapes:
+    """One trial's step inputs: the training batch (images, labels) and the evaluation batch."""
+
+    batch: int
+    eval_batch: int
+    example_shape: tuple[int, ...]
+    example_dtype: str
+    label_dtype: str
+
+
+def ahead_supported(backend: str, data_parallel: int) -> bool:
+    """Whether steps can be compiled ahead: JAX on one device (a distribution shards the state differently)."""
+    return backend == "jax" and data_parallel <= 1
+
+
+class AheadStep:
+    """A jitted step and the executables compiled ahead for it, by the shape of the data they take."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        import jax
+
+        self.jitted = jax.jit(fn, donate_argnums=0)
+        self._compiled: dict[tuple[int, ...], Any] = {}
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0  # calls for a shape nobody compiled ahead: Keras's jitted step compiled it in place
+
+    def compile(self, state: Any, data: Any, tracing: AbstractContextManager[object]) -> None:
+        """Compile for these abstract arguments (``jax.ShapeDtypeStruct`` trees), unless done already.
+
+        The trace runs Keras's step code, so it holds ``tracing`` (the trainer's Keras lock); XLA's
+        compilation, the long part, runs outside it.
+        """
+        key = _key(data)
+        with self._lock:
+            if key in self._compiled:
+                return
+        with tracing:
+            lowered = self.jitted.lower(state, data)
+        compiled = lowered.compile()
+        with self._lock:
+            self._compiled.setdefault(key, compiled)
+
+    def shapes(self) -> set[tuple[int, ...]]:
+        with self._lock:
+            return set(self._compiled)
+
+    def __call__(self, state: Any, data: Any) -> Any:
+        with self._lock:
+            compiled = self._compiled.get(_key(data))
+        if compiled is not None:
+            self.hits += 1
+            return compiled(state, data)
+        self.misses += 1
+        return self.jitted(state, data)
+
+
+def _key(data: Any) -> tuple[int, ...]:
+    """The data's first array's shape: the one thing that differs between a model's compiled steps."""
+    first = data[0] if isinstance(data, (tuple, list)) else data
+    return tuple(int(n) for n in first.shape)
+
+
+@dataclass
+class AheadSteps:
+    """The steps installed on one model (:func:`install`)."""
+
+    train: AheadStep
+    predict: AheadStep
+
+    @property
+    def misses(self) -> int:
+        return self.train.misses + self.predict.misses
+
+
+def _avals(variables: list[Any]) -> list[Any]:
+    import jax
+
+    return [jax.ShapeDtypeStruct(tuple(v.shape), np.dtype(v.dtype)) for v in variables]
+
+
+def install(model: keras.Model) -> AheadSteps:
+    """Give a compiled Keras model (JAX backend, no distribution) train and predict steps that can be compiled ahead.
+
+    Mirrors what the Keras JAX trainer's ``make_train_function`` and ``make_predict_function``
+    build for a jit-compiled model (the step jitted with its state donated, wrapped by
+    ``_make_function``), with :class:`AheadStep` as the jitted step. Idempotent per model.
+    """
+    existing = getattr(model, "_aiperf_ahead", None)
+    if isinstance(existing, AheadSteps):
+        return existing
+    train = AheadStep(model.train_step)
+
+    def predict_step(state: Any, data: Any) -> Any:
+        outputs, non_trainable_variables = model.predict_step(state, data)
+        return outputs, (state[0], non_trainable_variables)
+
+    predict = AheadStep(predict_step)
+    model.train_function = model._make_function(train)
+    predict_iterator = model._make_function(predict, concatenate_outputs=True)
+    model.predict_function = lambda state, iterator: predict_iterator(state, iterator)
+    steps = AheadSteps(train, predict)
+    model._aiperf_ahead = steps
+    return steps
+
+
+def ahead_ready(model: keras.Model, shapes: StepShapes) -> bool:
+    """Whether ``model``'s steps are compiled for ``shapes`` already."""
+    steps = getattr(model, "_aiperf_ahead", None)
+    if not isinstance(steps, AheadSteps):
+        return False
+    example = tuple(shapes.example_shape)
+    return (shapes.batch, *example) in steps.train.shapes() and (shapes.eval_batch, *example) in steps.predict.shapes()
+
+
+def compile_ahead(
+    model: keras.Model, shapes: StepShapes, tracing: AbstractContextManager[object] | None = None
+) -> AheadSteps:
+    """Install (:func:`install`) and compile the model's train and predict steps for ``shapes``.
+
+    The abstract state is read from the model's variables (shapes and dtypes only, no values),
+    the data from ``shapes`` as Keras hands it to the steps: ``(images, labels)`` with labels in
+    JAX's default integer width, and the images alone for ``predict``.
+    """
+    import jax
+
+    steps = install(model)
+    trainable, non_trainable = _avals(model.trainable_variables), _avals(model.non_trainable_variables)
+    state = (trainable, non_trainable, _avals(model.optimizer.variables), _avals(model.metrics_variables))
+    label = jax.dtypes.canonicalize_dtype(np.dtype(shapes.label_dtype))
+    example = np.dtype(shapes.example_dtype)
+    images = jax.ShapeDtypeStruct((shapes.batch, *shapes.example_shape), example)
+    lock = tracing if tracing is not None else contextlib.nullcontext()
+    steps.train.compile(state, (images, jax.ShapeDtypeStruct((shapes.batch,), label)), lock)
+    eval_images = jax.ShapeDtypeStruct((shapes.eval_batch, *shapes.example_shape), example)
+    steps.predict.compile((trainable, non_trainable), eval_images, lock)
+    return steps

@@ -1,0 +1,48 @@
+"""`aiperf run` on JAX compiles each worker's queued trial ahead, with one actor per worker and with node agents."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+
+import pytest
+from helpers import REPO, aiperf_cmd, cli_env, ledger_records
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="the jax backend is not installed"),
+]
+
+
+@pytest.mark.parametrize("actors", ["per_worker", "per_node"])
+def test_every_trial_after_a_worker_s_first_starts_on_steps_compiled_ahead(tmp_path, actors):
+    settings = [
+        f"run.results_dir={tmp_path}",
+        "model.backend=jax",
+        f"cluster.actors={actors}",
+        "cluster.max_concurrent_trials=1",  # one slot: each trial after the first waits behind another
+        "run.max_trials=3",
+        "run.time_budget_s=600",
+    ]
+    proc = subprocess.run(
+        aiperf_cmd("run", "--config", "smoke", *[a for s in settings for a in ("--set", s)]),
+        capture_output=True, text=True, env=cli_env(), timeout=900, cwd=REPO,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (run,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    records = ledger_records(run)
+    ends = [r for r in records if r["type"] == "trial_end" and r["status"] == "completed"]
+    assert len(ends) == 3
+    first_epochs = {}
+    for r in records:
+        if r["type"] == "epoch":
+            first_epochs.setdefault(r["trial"], r)
+    first, *later = [first_epochs[e["trial"]] for e in ends]
+    assert ends[0]["step_reused"] is False  # nothing ran before it to hide its compile behind
+    assert all(e["step_reused"] is True for e in ends[1:])  # built and compiled while the one before trained
+    assert all(e["compile_s"] < first["compile_s"] for e in later)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["workers"]["compile_critical_fraction"] is not None
+    verify = subprocess.run(aiperf_cmd("verify", str(run)), capture_output=True, text=True, env=cli_env(), cwd=REPO)
+    assert verify.returncode == 0, verify.stdout + verify.stderr

@@ -1,0 +1,84 @@
+"""Compiling a queued trial's steps ahead (aiperf.training.compile_ahead), on JAX in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from helpers import REPO, backend_subprocess
+
+from aiperf.config import DatasetConfig
+from aiperf.datasets.synthetic import load_synthetic
+from aiperf.families.image.trainer import TrainerSettings, TrialRunner
+from aiperf.training.compile_ahead import ahead_supported
+
+CHECK = Path(__file__).with_name("compile_ahead_check.py")
+
+
+@pytest.fixture(scope="module")
+def facts() -> dict:
+    python, env = backend_subprocess("jax")
+    proc = subprocess.run([python, str(CHECK)], capture_output=True, text=True, env=env, timeout=600, cwd=REPO)
+    if proc.returncode == 77:
+        pytest.skip("jax is not installed")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_a_prepared_trial_trains_exactly_as_on_a_fresh_worker(facts):
+    fresh, ahead = facts["fresh"], facts["ahead"]
+    assert facts["prepared"] is True
+    assert [e["val_acc"] for e in ahead["epochs"]] == [e["val_acc"] for e in fresh["epochs"]]
+    for a, f in zip(ahead["epochs"], fresh["epochs"], strict=True):
+        assert a["train_loss"] == pytest.approx(f["train_loss"], rel=1e-6)
+    assert ahead["checksum"] == pytest.approx(fresh["checksum"], rel=1e-6)
+
+
+def test_a_prepared_trial_runs_the_executables_compiled_ahead_and_compiles_nothing_itself(facts):
+    fresh, ahead = facts["fresh"], facts["ahead"]
+    assert ahead["train_misses"] == 0 and ahead["predict_misses"] == 0
+    assert ahead["train_hits"] > 0 and ahead["predict_hits"] > 0
+    assert ahead["step_reused"] is True
+    # The fresh worker compiled just in time, inside its first step: that is what the ahead one saved.
+    assert fresh["train_misses"] > 0 and fresh["step_reused"] is False
+    assert ahead["epochs"][0]["compile_s"] < fresh["epochs"][0]["compile_s"]
+
+
+def test_preparing_what_is_already_compiled_does_nothing(facts):
+    assert facts["prepared_again"] is False
+
+
+def test_a_trial_that_arrives_while_its_model_compiles_waits_for_it_and_nothing_compiles_twice(facts):
+    waiting = facts["waiting"]
+    assert waiting["epochs"][0]["compile_wait_s"] > 0
+    assert waiting["train_misses"] == 0 and waiting["predict_misses"] == 0
+    assert waiting["step_reused"] is True
+
+
+def test_a_kept_model_is_prepared_again_for_another_batch_size(facts):
+    assert facts["other_batch_prepared"] is True
+    other = facts["other_batch"]
+    # the same model (the misses of earlier trials on it stay counted): none for the new batch size
+    assert other["train_misses"] == facts["ahead"]["train_misses"]
+
+
+def test_a_batch_size_nobody_prepared_still_trains_compiled_just_in_time(facts):
+    unprepared = facts["unprepared_batch"]
+    assert unprepared["train_misses"] > facts["other_batch"]["train_misses"]
+    assert len(unprepared["epochs"]) == 2
+
+
+def test_compiling_ahead_applies_to_jax_on_one_device_only():
+    assert ahead_supported("jax", 1)
+    assert not ahead_supported("jax", 2)  # a distribution shards the state: Keras compiles it
+    assert not ahead_supported("tensorflow", 1) and not ahead_supported("torch", 1)
+
+
+def test_a_tensorflow_worker_prepares_nothing():
+    dataset = load_synthetic(
+        DatasetConfig(name="synthetic", synthetic={"shape": [8, 8, 3], "classes": 3, "train_size": 64, "val_size": 16})
+    )
+    runner = TrialRunner(dataset, TrainerSettings(), "tensorflow")
+    assert runner.ahead is False
