@@ -31,6 +31,7 @@ accuracy scale), standardised with the mean and spread of all real observations.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -45,13 +46,31 @@ from nas.errors import NasError
 from nas.gp import GaussianProcess, GPError, LandmarkEmbedding
 from nas.graph import Graph
 from nas.morph import Morph, random_morph
-from nas.random_search import Accept, ArchitectureStatus, ArchitectureStrategy, Child, Origin, Taken, random_origin
+from nas.random_search import (
+    Accept,
+    ArchitectureStatus,
+    ArchitectureStrategy,
+    Child,
+    Origin,
+    Origins,
+    Taken,
+    random_origin,
+)
 from nas.tree_expand import Grower, GrowTask, InlineGrower
 
 MAX_ACCURACY = 1.0 - 1e-4
 LANDMARK_WALK = 24  # longest random walk from the seed that makes a landmark
 TOP_STARTS = 6  # tree search starts: the best origins ...
 RANDOM_STARTS = 2  # ... plus a few others for breadth
+SIZE_STARTS = 3  # ... and, under a size schedule, the largest not above the band (children that can reach it)
+# Under a size schedule a child of an origin below the band may take this many morphs more than
+# max_morphs, one per CATCH_UP_STEP of the origin's shortfall ln(low / flops): a growth morph of a
+# grown net adds 10-50 % (a wider layer, a deeper one), and trials lengthen as nets grow, so the
+# fixed depth fell behind the schedule in the run's second half (benchmarks/RESULTS.md, issue 52).
+CATCH_UP_STEP = math.log(1.25)
+MAX_CATCH_UP = 4
+CATCH_UP_BEAM = 4  # when no candidate is inside the band: the largest nodes kept per level of a size-directed search
+CATCH_UP_CHILDREN = 12  # ... and the children each of them is expanded into per level
 EXPANSIONS_PER_ROUND = 8
 START_TEMPERATURE = 1.0  # in standardised UCB units
 COOLING = 0.85
@@ -308,9 +327,15 @@ class BayesianMorphSearch(ArchitectureStrategy):
         refit_every: int = 8,
         accept_cheap: Accept | None = None,
         size_rank: Callable[[Graph], float] | None = None,
+        size: Callable[[Graph], float | None] | None = None,
+        ceiling: Callable[[], float] | None = None,
     ) -> None:
         self._accept = accept
         self._size_rank = size_rank
+        self._size = size  # the schedule's measure of a graph (training FLOPs per image), with ``ceiling`` its top
+        self._ceiling = ceiling
+        self._by_size: list[tuple[float, str]] = []  # origins by size, for SIZE_STARTS
+        self._sized = 0  # origins already in it (they are never removed)
         self._accept_cheap = accept_cheap or accept
         self._rng = rng
         self.ucb_beta = ucb_beta
@@ -475,6 +500,8 @@ class BayesianMorphSearch(ArchitectureStrategy):
             self._candidates if len(self._pool) < self._candidates else max(EXPANSIONS_PER_ROUND, self._candidates // 4)
         ) + (count - 1)
         self._tree_search(posterior, origins, taken, budget)
+        if self._size_rank is not None and not any(self._size_rank(n.graph) == 0.0 for n in self._pool.values()):
+            self._catch_up(origins, taken)
         if not self._pool:
             self.note = "no untried child within the limits"
             return []
@@ -590,16 +617,79 @@ class BayesianMorphSearch(ArchitectureStrategy):
                 if extra.key not in chosen:
                     chosen.add(extra.key)
                     best.append(extra)
+        for origin in self._largest_origins(origins):
+            if origin.key not in chosen:
+                chosen.add(origin.key)
+                best.append(origin)
         if len(self._start_nodes) > MAX_START_NODES:
             self._start_nodes = {k: v for k, v in self._start_nodes.items() if k in chosen}
-        nodes = []
-        for origin in best:
-            node = self._start_nodes.get(origin.key)
-            if node is None or node.exhausted or not self._same_origin(origin, node.origin):
-                node = self._start_nodes[origin.key] = _Node(origin.graph, (), origin, 0.0)
-            node.origin = origin
-            nodes.append(node)
-        return nodes
+        return [self._start_node(origin) for origin in best]
+
+    def _catch_up(self, origins: Mapping[str, Origin], taken: Taken) -> None:
+        """No candidate is inside the size band: search from the largest origins by size alone until some are.
+
+        A beam of the CATCH_UP_BEAM largest nodes not above the band, each expanded into its next
+        CATCH_UP_CHILDREN children per level, for as many morphs as a child may take; the level that
+        first reaches the band pools every child inside it (the pick then takes the best UCB of them,
+        as always). The accuracy-led tree search grows from the best origins a few morphs at a time,
+        and when trials lengthen with the networks it falls behind a band that keeps rising.
+        """
+        assert self._size_rank is not None
+        starts = {o.key: o for o in self._largest_origins(origins)}
+        beam = [self._start_node(o) for o in starts.values()]
+        depths: dict[str, int] = {}
+        for _ in range(self._max_morphs + MAX_CATCH_UP):
+            grown = [
+                (child, self._size_rank(child.graph)) for _, child in self._grow([[n, CATCH_UP_CHILDREN] for n in beam])
+            ]
+            grown = [(child, rank) for child, rank in grown if not math.isinf(rank) and not taken(child.graph.key())]
+            inside = [child for child, rank in grown if rank == 0.0]
+            if inside:
+                for child in inside:
+                    self._pool.setdefault(child.graph.key(), child)
+                return
+            grown.sort(key=lambda pair: pair[1])
+            beam = [child for child, _ in grown if len(child.morphs) < self._depth(child.origin, depths)][
+                :CATCH_UP_BEAM
+            ]
+            if not beam:
+                return
+
+    def _start_node(self, origin: Origin) -> _Node:
+        """The tree-search node of ``origin`` (its untried morphs kept across asks)."""
+        node = self._start_nodes.get(origin.key)
+        if node is None or node.exhausted or not self._same_origin(origin, node.origin):
+            node = self._start_nodes[origin.key] = _Node(origin.graph, (), origin, 0.0)
+        node.origin = origin
+        return node
+
+    def _largest_origins(self, origins: Mapping[str, Origin]) -> list[Origin]:
+        """Under a size schedule, the SIZE_STARTS largest origins not above the band: the best accuracy may
+        belong to a small net whose children cannot reach the band. Kept sorted as origins arrive."""
+        if self._size is None or self._ceiling is None:
+            return []
+        if self._sized < len(origins):
+            new = (
+                [origins.at(i) for i in range(self._sized, len(origins))]
+                if isinstance(origins, Origins)
+                else [o for o in origins.values() if o.key not in {k for _, k in self._by_size}]
+            )
+            for origin in new:
+                flops = self._size(origin.graph)
+                if flops is not None:
+                    bisect.insort(self._by_size, (flops, origin.key))
+            self._sized = len(origins)
+        top = bisect.bisect_right(self._by_size, (self._ceiling(), "\uffff"))
+        return [origins[key] for _, key in self._by_size[max(0, top - SIZE_STARTS) : top] if key in origins]
+
+    def _depth(self, origin: Origin, cache: dict[str, int]) -> int:
+        """How many morphs a child of ``origin`` may take: ``max_morphs``, more while the origin is below the band."""
+        depth = cache.get(origin.key)
+        if depth is None:
+            rank = self._size_rank(origin.graph) if self._size_rank is not None else 0.0
+            extra = 0 if rank == 0.0 or math.isinf(rank) else min(MAX_CATCH_UP, math.ceil(rank / CATCH_UP_STEP))
+            depth = cache[origin.key] = self._max_morphs + extra
+        return depth
 
     def _best_origins(self, origins: Mapping[str, Origin]) -> list[Origin]:
         """The TOP_STARTS best origins, read off the observation arrays instead of sorting all origins.
@@ -638,6 +728,7 @@ class BayesianMorphSearch(ArchitectureStrategy):
             node.score = float(score)
         temperature = START_TEMPERATURE
         attempts = 0
+        depths: dict[str, int] = {}
         while attempts < budget and frontier:
             weights = np.array([n.score for n in frontier]) / temperature
             weights = np.exp(weights - weights.max())
@@ -666,7 +757,7 @@ class BayesianMorphSearch(ArchitectureStrategy):
                 key = child.graph.key()
                 if not taken(key) and (key not in self._pool or len(child.morphs) < len(self._pool[key].morphs)):
                     self._pool[key] = child
-                if len(child.morphs) < self._max_morphs:
+                if len(child.morphs) < self._depth(child.origin, depths):
                     delta = child.score - parent.score
                     if delta >= 0 or self._rng.random() < math.exp(delta / temperature):
                         frontier.append(child)

@@ -209,6 +209,8 @@ class AutoMLSearch(Proposer[TrialProposal]):
                 landmarks=settings.landmarks,
                 accept_cheap=limits.admits_structure,
                 size_rank=self._size_rank if schedule is not None else None,
+                size=limits.flops if schedule is not None else None,
+                ceiling=self._flops_ceiling if schedule is not None else None,
             )
         else:
             self.strategy = self._fallback

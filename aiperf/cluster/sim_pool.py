@@ -448,6 +448,7 @@ class SimulatedWorkerPool(WorkerPool):
                             train_s=task.epoch_s * 0.9,
                             eval_s=task.epoch_s * 0.1,
                             data_wait_s=0.0,
+                            compile_s=0.0,  # a simulated worker compiles in its start-up (startup_s), not its steps
                             input="simulated",
                             batch_size=task.batch_size,
                             precision="float32",

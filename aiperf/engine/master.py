@@ -75,6 +75,7 @@ COLLECT_AT_END_S = 5.0
 # From this many workers waiting for their first trial on, no trial is held for another worker (_next_for):
 # holding saves one compile on a busy worker, and each of the waiting ones waits a proposal more for it.
 HOLD_WAITING_LIMIT = 1024
+TRIAL_S_WEIGHT = 0.2  # the newest completed trial's weight in the moving average of seconds per unit of work
 # The cyclic collector's first generation runs after this many allocations instead of 700: the master
 # allocates graphs, specs and records by the hundred thousand and frees them by reference counting, and
 # the collections were 10-18 % of its CPU in a 32,768-worker start-up (benchmarks/RESULTS.md, "The
@@ -104,6 +105,7 @@ class TrialState:
     best: float | None = None
     inherit: str | None = None  # the trial whose weights it actually starts from
     sent_parent: str | None = None  # the kept trial whose weights the current attempt was sent (it may not get them)
+    started_t: float | None = None  # the master's clock when its current attempt began on its worker
 
     @property
     def compile_key(self) -> str:
@@ -123,6 +125,7 @@ class MasterSettings:
     dataset_images: int = 0  # training + validation images: the base of the bad-image share (0: no check)
     max_bad_fraction: float = 0.001
     compiled_models: int = 4  # architectures each worker keeps compiled (train.compiled_models)
+    queue_depth: int = 2  # trials queued per worker (cluster.queue_depth): how long a new one waits to start
     # What holding a trial for the worker that has its architecture compiled saves: one compile on that
     # worker. A re-tune's first step with the model kept took 0.06 s on an H200 against 2.3-2.7 s compiled
     # again (benchmarks/RESULTS.md, "a re-tune's first step"); the lower figure, rounded down.
@@ -136,6 +139,7 @@ class MasterSettings:
             max_trials=cfg.run.max_trials,
             max_trial_retries=cfg.cluster.max_trial_retries,
             seed=cfg.run.seed,
+            queue_depth=cfg.cluster.queue_depth,
             checkpoint_every_epoch=cfg.cluster.checkpoint_every_epoch,
             stop_after_failures=cfg.run.stop_after_failures,
             dataset_images=dataset_images,
@@ -213,6 +217,10 @@ class Master:
         self._compiled_order = itertools.count()
         self.held: dict[str, TrialState] = {}  # worker -> a trial kept for it: it has the architecture compiled
         self._ask_s = 0.0  # the master's time per proposal (moving average): a held trial's cost to each idle worker
+        # Seconds a completed trial took per unit of its work (size x epochs; moving average, 0 before the first),
+        # and the work of the trial proposed last: a new trial's expected length is their product.
+        self._s_per_work = 0.0
+        self._last_work = 0.0
         self._ids = itertools.count(first_trial)
         self.proposed = first_trial
         self.completed = 0
@@ -326,13 +334,33 @@ class Master:
         )
 
     # -- submitting ------------------------------------------------------------------------------
+    def _training_progress(self) -> float:
+        """When the trial asked for next will end its training, as a share of the budget (the size schedule's clock).
+
+        Now, plus its wait behind the trials queued ahead of it on a worker (half of the running
+        one's length and ``queue_depth - 2`` whole ones) and its own length, each estimated as the
+        seconds completed trials took per unit of work times the work of the trial proposed last
+        (trials lengthen as networks grow, so a plain mean of lengths lags). A trial inside the band
+        of its end is inside or above it through its training; one proposed for the band of the
+        moment it was asked trained below it, the more so as trials grew (benchmarks/RESULTS.md,
+        "The search keeps pace with its size schedule").
+        """
+        length = self._s_per_work * self._last_work
+        lead = (max(0.0, self.settings.queue_depth - 1.5) + 1.0) * length
+        return (self.clock() + lead) / self.settings.time_budget_s
+
+    def _work(self, state: TrialState) -> float:
+        """A trial's work for the length estimate: its size (the family's measure) times its epochs."""
+        return self.family.size(state.prepared) * max(1, int(state.proposal.hparams.get("epochs", 1)))
+
     def _new_trial(self) -> TrialState:
         trial_id = f"t{next(self._ids):05d}"
         self.proposed += 1
-        self.proposer.at(self.clock() / self.settings.time_budget_s)
+        self.proposer.at(self._training_progress())
         proposal = self.proposer.ask(trial_id)
         seed = self.settings.seed * 100_003 + self.proposed
         state = TrialState(trial_id, proposal, self.family.prepare(proposal), seed)
+        self._last_work = self._work(state)
         self.trials[trial_id] = state
         if logger.isEnabledFor(logging.INFO):
             origin = f" of {proposal.parent}" if proposal.parent else ""
@@ -592,6 +620,7 @@ class Master:
             return
         now = self.clock()
         state.started = True
+        state.started_t = now
         state.recorded = True
         info = self.pool.worker_info(ev.worker)
         lost = self._weights_lost(state, ev.report) if isinstance(ev.report, TrialStarted) else ""
@@ -684,6 +713,12 @@ class Master:
         if compile_s is not None:
             self.worker_compile[ev.worker] = self.worker_compile.get(ev.worker, 0.0) + compile_s
         best = state.best if state.best is not None else 0.0
+        work = self._work(state)
+        if state.started_t is not None and work > 0:  # recent trials weigh most
+            rate = (now - state.started_t) / work
+            self._s_per_work = (
+                rate if not self._s_per_work else self._s_per_work + TRIAL_S_WEIGHT * (rate - self._s_per_work)
+            )
         self._record_end(
             state,
             TrialStatus.COMPLETED,

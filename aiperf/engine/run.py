@@ -336,7 +336,7 @@ def _session(
     if meter.command:
         spec = {"command": meter.command, "scope": meter.scope, "reading": meter.reading,
                 "covers": list(meter.covers), "timeout_s": meter.timeout_s}  # fmt: skip
-    telemetry = TelemetryRecorder(run_dir, cfg.run.telemetry_interval_s, spec)
+    telemetry = TelemetryRecorder(run_dir, cfg.run.telemetry_interval_s, spec, cfg.run.power_interval_s)
     try:
         run.run(_watched(run.master, telemetry, nodes))
     finally:

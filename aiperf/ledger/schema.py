@@ -188,6 +188,7 @@ class _RunSection(_Shape):
     telemetry_interval_s: Quantity | None = None
     organization: str | None = None  # the MLPerf log's submission_org
     seed: int | None = None  # the run's seed (the MLPerf log's seed)
+    time_budget_s: Quantity | None = None  # the size schedule's progress is master time over this
 
 
 class _DatasetSection(_Shape):
@@ -198,6 +199,7 @@ class _DatasetSection(_Shape):
 class _SearchSection(_Shape):
     size_growth: Number | None = None  # the size schedule (docs/search.md); None: no schedule
     size_band: Number | None = None
+    max_flops_per_image: Quantity | None = None  # caps the schedule's end
 
 
 class ConfigHeader(_Shape):

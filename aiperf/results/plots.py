@@ -201,6 +201,33 @@ def ops_per_node(
 
 
 @plain_text
+def size_schedule(
+    epochs: pd.DataFrame, trials: pd.DataFrame, band: Callable[[float], tuple[float, float]], budget_s: float
+) -> bytes | None:
+    """The size schedule's band over the run, shaded, and each counted epoch at its trial's training FLOPs per image."""
+    if epochs.empty or trials.empty or budget_s <= 0:
+        return None
+    sizes = trials.set_index("trial")["flops_train_per_image"]
+    points = epochs[["t", "trial"]].join(sizes, on="trial").dropna(subset=["flops_train_per_image"])
+    if points.empty:
+        return None
+    fig, ax = new_figure()
+    ts = np.linspace(0.0, budget_s, 101)
+    lows, highs = zip(*(band(t / budget_s) for t in ts), strict=True)
+    ax.fill_between(ts, lows, highs, color="#2ca02c", alpha=0.2, label="size band")
+    ax.scatter(points["t"], points["flops_train_per_image"], s=10, color="#1f77b4", label="counted epochs")
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(_si("FLOP"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("master time (s)", fontsize=9)
+    ax.set_ylabel("training FLOPs per image", fontsize=9)
+    ax.set_title("Trained sizes against the size schedule", fontsize=10)
+    ax.legend(fontsize=8, loc="upper left")
+    return to_png(fig)
+
+
+@plain_text
 def busy_fraction(workers: pd.DataFrame) -> bytes | None:
     """Share of each worker's life spent in training and evaluation steps."""
     data = workers.dropna(subset=["busy_fraction"])

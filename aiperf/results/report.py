@@ -26,9 +26,11 @@ from aiperf.ledger.store import LEDGER_NAME, iter_ledger
 from aiperf.metrics.rules import VerdictDict
 from aiperf.metrics.score import format_ops, score_timeline
 from aiperf.results import plots
+from aiperf.results.size_pace import format_size_pace
 from aiperf.results.summary import RunDigest, build_summary, format_rate, format_telemetry
 from aiperf.results.tables import RunResults, load
 from aiperf.sampling.energy import joules_text
+from nas.schedule import SizeSchedule
 
 REPORT_NAME = "report.html"
 # Epochs and trials the report's plots draw at most: a longer run's are an even sample (every k-th,
@@ -355,6 +357,18 @@ def _plots(results: RunResults, summary: dict[str, Any]) -> str:
         figures.append(
             figure_html(
                 plots.utilisation(results.telemetry, hosts), format_telemetry(summary["telemetry"]), "utilisation"
+            )
+        )
+    pace = summary.get("size_pace")
+    budget = results.header.config.run.time_budget_s
+    if pace is not None and budget:
+        schedule = SizeSchedule(pace["start"], pace["end"], pace["width"])
+        figures.append(
+            figure_html(
+                plots.size_schedule(results.epochs, results.trials, schedule.band, float(budget)),
+                f"Green: the band of training FLOPs per image the workload fixes over the run; blue: each counted "
+                f"epoch at its network's size. {format_size_pace(pace)}.",
+                "trained sizes against the size schedule",
             )
         )
     colour = "best quality (1 - bits per byte / 8)" if language else "best validation accuracy"

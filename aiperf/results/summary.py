@@ -26,6 +26,7 @@ from aiperf.ledger.schema import (
     EpochRecord,
     Record,
     RecordType,
+    RequeueRecord,
     RunStartRecord,
     RunStopRecord,
     TrialEndRecord,
@@ -45,7 +46,15 @@ from aiperf.results.device_time import (
     format_device_time,
 )
 from aiperf.results.efficiency import NodeEpochs, efficiency_of, format_efficiency
-from aiperf.sampling.energy import EnergySummary, format_energy, not_measured, summarize_energy
+from aiperf.results.size_pace import SizePace, format_size_pace
+from aiperf.sampling.energy import (
+    EnergySummary,
+    TrialSpan,
+    energy_by_trial,
+    format_energy,
+    not_measured,
+    summarize_energy,
+)
 from aiperf.sampling.telemetry import TelemetrySummary, read_telemetry, shared_machine_notes, summarize_telemetry
 
 SUMMARY_NAME = "summary.json"
@@ -264,6 +273,9 @@ class RunDigest:
         self.lo, self.hi, self.amount = array("d"), array("d"), array("d")  # each epoch's busy interval and ops
         self.node_epochs = NodeEpochs()
         self.device_time = DeviceTime()
+        self.size_pace: SizePace | None = None
+        self.spans: list[TrialSpan] = []  # each trial attempt's node and Unix time span (energy per trial)
+        self._open_spans: dict[str, TrialSpan] = {}
         self.workers: _Workers | None = None
         self.wait: dict[str, list[float]] = {}  # worker -> [data_wait_s, train_s] of its measured epochs
         self.measured = 0
@@ -284,6 +296,7 @@ class RunDigest:
             self.start = rec
             self.workers = _Workers(keep_last=bool(rec.system.kinds))
             self.language = is_language(rec)
+            self.size_pace = SizePace(rec)
         self.count += 1
         self.last_hash = rec.hash
         if rec.type != RecordType.AUDIT:
@@ -292,6 +305,11 @@ class RunDigest:
         if isinstance(rec, EpochRecord):
             self._epoch(rec)
         elif isinstance(rec, TrialStartRecord):
+            assert self.size_pace is not None
+            self.size_pace.add_start(rec)
+            self._close_span(rec.trial, rec.wall)  # a re-queued attempt's start ends the attempt before
+            if rec.node:
+                self._open_spans[rec.trial] = {"trial": rec.trial, "node": rec.node, "start": rec.wall, "end": rec.wall}
             flags = self.trial_flags.get(rec.trial)
             if flags is None or not flags & self._STARTED:
                 self.started += 1
@@ -299,6 +317,7 @@ class RunDigest:
                 self.open_info[rec.trial] = _best_info(rec, self.language)
             self.arch_ids.add(rec.arch_id)
         elif isinstance(rec, TrialEndRecord):
+            self._close_span(rec.trial, rec.wall)
             status = rec.status.value
             self.by_status[status] = self.by_status.get(status, 0) + 1
             flags = self.trial_flags.get(rec.trial, 0)
@@ -312,6 +331,8 @@ class RunDigest:
         elif isinstance(rec, WorkerRecord):
             assert self.workers is not None
             self.workers.add(rec)
+        elif isinstance(rec, RequeueRecord):
+            self._close_span(rec.trial, rec.wall)
         elif isinstance(rec, RunStopRecord):
             self.stop = rec
         elif isinstance(rec, BadImagesRecord):
@@ -340,6 +361,8 @@ class RunDigest:
         self.amount.append(ops)
         self.node_epochs.add(rec)
         self.device_time.add_epoch(rec)
+        if self.size_pace is not None:
+            self.size_pace.add_epoch(rec)
         if self.language:
             self.train_tokens += rec.train_tokens or 0
             self.eval_tokens += rec.eval_tokens or 0
@@ -351,6 +374,21 @@ class RunDigest:
             wait_train = self.wait.setdefault(rec.worker or "?", [0.0, 0.0])
             wait_train[0] += rec.data_wait_s or 0.0
             wait_train[1] += rec.train_s or 0.0  # optional in the record's shape
+
+    def _close_span(self, trial: str, wall: float) -> None:
+        span = self._open_spans.pop(trial, None)
+        if span is not None:
+            span["end"] = max(span["start"], wall)
+            self.spans.append(span)
+
+    def trial_spans(self) -> list[TrialSpan]:
+        """Every attempt's node and Unix time span; one still open ends at the ledger's last record."""
+        end = self.last_run.wall if self.last_run is not None else 0.0
+        still: list[TrialSpan] = [
+            {"trial": s["trial"], "node": s["node"], "start": s["start"], "end": max(s["start"], end)}
+            for s in self._open_spans.values()
+        ]
+        return [*self.spans, *still]
 
     def score(self) -> Score:
         """:func:`aiperf.metrics.score.compute_score` of the records added."""
@@ -460,6 +498,9 @@ class RunDigest:
             "ledger": {"records": self.count, "last_hash": self.last_hash},
         }
         self._add_device_time(summary, plan.concurrency or workers.count, score.wall_s, workers)
+        pace = self.size_pace.summary() if self.size_pace is not None else None
+        if pace is not None and self.device_time.measured:  # from 2026-12-07, as device_time (old summaries verify)
+            summary["size_pace"] = pace
         if self.language:  # an image run's summary keeps exactly its keys (published summaries still verify)
             summary["family"] = "language"
             summary["dataset"].update(
@@ -593,6 +634,10 @@ def build_summary(
             verdict["notes"] = notes
             verdict["headline"] = f"{verdict['headline']}; {'; '.join(notes)}"
     summary["energy"] = energy_section(summary, samples, [start], source)
+    if samples and summary["energy"].get("readings_per_s") is not None:  # from 2026-12-07: nodes' power threads
+        trials = energy_by_trial(samples, digest.trial_spans())
+        if trials is not None:
+            summary["energy"]["trials"] = trials
     return summary
 
 
@@ -687,6 +732,9 @@ def format_summary(summary: dict[str, Any], run_dir: str | Path) -> str:
             f"  workers not started  {failures['count']}, e.g. worker {first['worker']} on node "
             f"{first.get('hostname') or first.get('node')}: {first['cause']}",
         )
+    pace = format_size_pace(summary.get("size_pace"))
+    if pace is not None:
+        lines.insert(-1, f"  size schedule        {pace}")
     for line in format_input(summary["input"], summary["bad_images"]):
         lines.insert(-1, line)
     telemetry = summary.get("telemetry")

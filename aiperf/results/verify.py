@@ -68,6 +68,7 @@ from aiperf.ledger.schema import (
 )
 from aiperf.ledger.store import LEDGER_NAME, LedgerStream, iter_ledger, line_hash_matches, record_hash, sorted_json
 from aiperf.metrics.score import format_ops
+from aiperf.results.size_pace import format_size_pace
 from aiperf.results.summary import MAX_SUMMARY_BYTES, SUMMARY_NAME, RunDigest, build_summary, language_quality
 from aiperf.sampling.telemetry import read_telemetry
 from nas.errors import NasError
@@ -935,7 +936,11 @@ def check_summary(run_dir: Path, records: list[Record] | RunDigest) -> tuple[lis
             recomputed = build_summary(run_dir, records)
     except AiperfError as exc:
         return [f"the summary cannot be recomputed from the ledger ({exc})"], None
-    return diff(recorded, recomputed), recomputed
+    # The ledger's own figures (its records, its last hash) and the score first: a shortened or swapped
+    # ledger shows there before the many figures computed from it are listed.
+    first = ("summary.json ledger.", "summary.json score.")
+    problems = sorted(diff(recorded, recomputed), key=lambda p: next((k for k, f in enumerate(first) if f in p), 2))
+    return problems, recomputed
 
 
 # --- all of it --------------------------------------------------------------------------------
@@ -1005,10 +1010,14 @@ def verify_run(run_dir: str | Path) -> tuple[bool, str]:
     assert summary is not None and last is not None
     score, verdict = summary["score"], summary["verdict"]
     torn = stream.torn_note(run_dir / "ledger.jsonl")
+    notes = [torn] if torn else []
+    pace = summary.get("size_pace")
+    if pace is not None and not pace["kept_pace"]:  # not a forgery: the search fell behind its size schedule
+        notes.append(f"size schedule: {format_size_pace(pace)}")
     return True, (
         f"verified: run {inert(summary['run_id'])}: {stream.count} records, hash chain intact "
         f"(last {last.hash[:16]}); FLOPs of {flops.trials} trials and operations of {epochs} epochs "
         f"recomputed; score {score['ops_human']} (regulated {score['regulated_human']}, "
         f"{format_ops(score['total_ops'], 'OP')} counted) and verdict '{inert(verdict['headline'])}' "
-        f"match {SUMMARY_NAME}" + (f"\n  note: {inert(torn)}" if torn else "")
+        f"match {SUMMARY_NAME}" + "".join(f"\n  note: {inert(n)}" for n in notes)
     )

@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 from aiperf.metrics.score import format_ops
 
@@ -288,6 +288,11 @@ class EnergySummary(TypedDict):
     by_host: list[dict[str, Any]]
     not_available: dict[str, str]
     notes: list[str]
+    # Power readings a second of the slowest node's power thread (None: read only with the telemetry samples),
+    # and what reading them cost the nodes' CPUs (run.power_interval_s; absent before 2026-12-07).
+    readings_per_s: NotRequired[float | None]
+    sampler_cpu_s: NotRequired[float | None]
+    trials: NotRequired[TrialEnergy]  # each trial's share of its node's energy (where the nodes' power was read)
 
 
 class _Series:
@@ -550,6 +555,57 @@ def _choice(
     return kinds, series, kinds, sum(any(k in subs for k in kinds) for subs in used.values())
 
 
+def expand_power(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The samples with each node's power-thread readings (``power``) as samples of their own.
+
+    A reading carries the node's clock (``node_wall``); it is placed on the master's clock, as
+    its sample is, by the sample's offset (``wall - node_wall``), and inherits the sample's node
+    and host. Samples without readings (older files, ``run.power_interval_s: 0``) come through
+    as they are.
+    """
+    out: list[dict[str, Any]] = []
+    for s in samples:
+        out.append(s)
+        readings = s.get("power")
+        if not readings or "error" in s:
+            continue
+        node_wall = _num(s.get("node_wall"))
+        offset = s["wall"] - node_wall if node_wall is not None else 0.0
+        for r in readings:
+            reading = {"wall": round(r["node_wall"] + offset, 3), "node": s["node"], "hostname": s.get("hostname")}
+            reading["accelerators"] = r.get("accelerators") or []
+            if "rapl" in r:
+                reading["rapl"] = r["rapl"]
+            if isinstance(r.get("meter"), dict):
+                reading["meter"] = r["meter"]
+            out.append(reading)
+    return out
+
+
+def power_sampling(samples: list[dict[str, Any]]) -> tuple[float | None, float | None]:
+    """(power readings a second per node over the span they cover, the CPU seconds the readings cost in all).
+
+    None where no node's power thread ran (readings only with each telemetry sample).
+    """
+    spans: dict[str, list[float]] = {}
+    counts: dict[str, int] = {}
+    cpu: dict[str, float] = {}
+    for s in samples:
+        readings = s.get("power")
+        if not readings or "error" in s:
+            continue
+        node = s["node"]
+        walls = [r["node_wall"] for r in readings]
+        span = spans.setdefault(node, [min(walls), max(walls)])
+        span[0], span[1] = min(span[0], *walls), max(span[1], *walls)
+        counts[node] = counts.get(node, 0) + len(readings)
+        cost = _num(s.get("power_cpu_s"))
+        if cost is not None:
+            cpu[node] = max(cpu.get(node, 0.0), cost)  # cumulative on the node
+    rates = [(counts[n] - 1) / (b - a) for n, (a, b) in spans.items() if b > a and counts[n] > 1]
+    return (min(rates) if rates else None), (sum(cpu.values()) if cpu else None)
+
+
 def summarize_energy(
     samples: list[dict[str, Any]],
     *,
@@ -570,7 +626,8 @@ def summarize_energy(
     idle moments inside the run cost efficiency and a metered span a little shorter than the
     run does not inflate it.
     """
-    good = [s for s in samples if "error" not in s]
+    readings_per_s, sampler_cpu_s = power_sampling(samples)
+    good = [s for s in expand_power(samples) if "error" not in s]
     if not good:
         return not_measured("no node answered the telemetry samplers")
     hosts_seen = sorted({s.get("hostname") or s["node"] for s in good})
@@ -660,6 +717,8 @@ def summarize_energy(
         "by_host": by_host,
         "not_available": not_available,
         "notes": notes,
+        "readings_per_s": readings_per_s,
+        "sampler_cpu_s": sampler_cpu_s,
     }
 
 
@@ -816,4 +875,131 @@ def format_energy(e: EnergySummary) -> str:
         parts.append(f"{joules_text(per_op)} per counted operation")
     if e.get("power_w") is not None:
         parts.append(f"mean {e['power_w']:.0f} W")
+    rate = e.get("readings_per_s")
+    if rate is not None:
+        cost = e.get("sampler_cpu_s")
+        parts.append(
+            f"power read {rate:.1f} times a second" + (f" ({cost:.2f} CPU-s in all)" if cost is not None else "")
+        )
+    trials = e.get("trials")
+    mean_j = trials["mean_j"] if trials is not None else None
+    if trials is not None and mean_j is not None:
+        parts.append(f"{joules_text(mean_j)} per trial on average ({trials['trials']} trials)")
     return "; ".join(parts + list(e.get("notes") or []))
+
+
+# --- energy per trial --------------------------------------------------------------------------
+
+MAX_TRIALS_WITH_ENERGY = 10_000  # a summary lists each trial's energy up to this many trials (its mean beyond)
+
+
+class TrialSpan(TypedDict):
+    """Where and when one attempt of a trial trained, on the master's Unix clock (the ledger's ``wall``)."""
+
+    trial: str
+    node: str
+    start: float
+    end: float
+
+
+class TrialEnergy(TypedDict):
+    """The summary's ``energy.trials``: each trial's share of its node's metered energy."""
+
+    trials: int
+    energy_j: float
+    mean_j: float | None
+    by_trial: dict[str, float] | None  # None beyond MAX_TRIALS_WITH_ENERGY trials
+
+
+def _node_power(samples: list[dict[str, Any]]) -> dict[str, list[tuple[float, float, float]]]:
+    """Each node's metered power between consecutive readings: ``(t0, t1, watts)``.
+
+    Per interval the node's power is what its readings tell, summed over its sources: an
+    accelerator's energy counter (else its power, averaged over the two readings), its RAPL
+    package and DRAM counters, its node-scope site meter. A system-scope meter is the whole
+    machine's and is not a node's.
+    """
+    by_node: dict[str, list[dict[str, Any]]] = {}
+    for s in samples:
+        if "error" not in s:
+            by_node.setdefault(s["node"], []).append(s)
+    out: dict[str, list[tuple[float, float, float]]] = {}
+    for node, readings in by_node.items():
+        readings.sort(key=lambda r: r["wall"])
+        segments = []
+        for a, b in itertools.pairwise(readings):
+            dt = b["wall"] - a["wall"]
+            if dt <= 0:
+                continue
+            joules = _interval_joules(a, b, dt)
+            if joules is not None:
+                segments.append((a["wall"], b["wall"], joules / dt))
+        out[node] = segments
+    return out
+
+
+def _interval_joules(a: dict[str, Any], b: dict[str, Any], dt: float) -> float | None:
+    total, seen = 0.0, False
+    devices_a = {d.get("index"): d for d in a.get("accelerators") or []}
+    for d in b.get("accelerators") or []:
+        prev = devices_a.get(d.get("index"))
+        if prev is None:
+            continue
+        e0, e1 = _num(prev.get("energy_mj")), _num(d.get("energy_mj"))
+        w0, w1 = _num(prev.get("power_w")), _num(d.get("power_w"))
+        if e0 is not None and e1 is not None and e1 >= e0:
+            total, seen = total + (e1 - e0) / 1000.0, True
+        elif w0 is not None and w1 is not None:
+            total, seen = total + (w0 + w1) / 2 * dt, True
+    zones_a = {z.get("zone"): z for z in a.get("rapl") or []}
+    for z in b.get("rapl") or []:
+        prev = zones_a.get(z.get("zone"))
+        if prev is None or _rapl_subsystem(z.get("name")) is None:
+            continue
+        c0, c1, top = _num(prev.get("energy_uj")), _num(z.get("energy_uj")), _num(z.get("max_energy_range_uj"))
+        if c0 is None or c1 is None:
+            continue
+        delta = c1 - c0 if c1 >= c0 else (c1 + top - c0 if top else None)
+        if delta is not None:
+            total, seen = total + delta / 1e6, True
+    ma, mb = a.get("meter"), b.get("meter")
+    if isinstance(ma, dict) and isinstance(mb, dict) and mb.get("scope") == "node" and "error" not in mb:
+        j0, j1 = _num(ma.get("energy_j")), _num(mb.get("energy_j"))
+        w0, w1 = _num(ma.get("power_w")), _num(mb.get("power_w"))
+        if j0 is not None and j1 is not None and j1 >= j0:
+            total, seen = total + j1 - j0, True
+        elif w0 is not None and w1 is not None:
+            total, seen = total + (w0 + w1) / 2 * dt, True
+    return total if seen else None
+
+
+def energy_by_trial(samples: list[dict[str, Any]], spans: list[TrialSpan]) -> TrialEnergy | None:
+    """Each trial's energy: its node's metered power over the trial's attempts, shared evenly at each moment
+    among the trials training on that node then (None when no node's power was metered)."""
+    power = _node_power(expand_power(samples))
+    if not any(power.values()):
+        return None
+    by_trial: dict[str, float] = {}
+    spans_by_node: dict[str, list[TrialSpan]] = {}
+    for span in spans:
+        spans_by_node.setdefault(span["node"], []).append(span)
+    for node, mine in spans_by_node.items():
+        mine.sort(key=lambda s: s["start"])
+        active: list[TrialSpan] = []
+        upcoming = 0
+        for t0, t1, watts in power.get(node, []):  # in time order: a sweep over the node's trials
+            while upcoming < len(mine) and mine[upcoming]["start"] < t1:
+                active.append(mine[upcoming])
+                upcoming += 1
+            active = [s for s in active if s["end"] > t0]
+            running = [s for s in active if s["start"] < t1]
+            for s in running:
+                overlap = min(t1, s["end"]) - max(t0, s["start"])
+                by_trial[s["trial"]] = by_trial.get(s["trial"], 0.0) + watts * overlap / len(running)
+    total = sum(by_trial.values())
+    return {
+        "trials": len(by_trial),
+        "energy_j": total,
+        "mean_j": total / len(by_trial) if by_trial else None,
+        "by_trial": dict(sorted(by_trial.items())) if len(by_trial) <= MAX_TRIALS_WITH_ENERGY else None,
+    }

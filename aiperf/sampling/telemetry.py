@@ -40,6 +40,7 @@ from inside a container with its own PID namespace).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import json
@@ -64,6 +65,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 TELEMETRY_NAME = "telemetry.jsonl"
+MAX_POWER_READINGS = 4096  # a node's power readings waiting for the master (34 min at 2 a second)
 MAX_SAMPLE_BYTES = 1 << 20  # a node's sample with 8 accelerators and its RAPL zones is about 2 KB
 _SAMPLE_TIMEOUT_S = 10.0  # a node slower than this to answer misses the sample, not the run
 # CPU or GPU time used outside the run, as a share of the host's capacity, from which the
@@ -102,6 +104,21 @@ class AcceleratorSample(TypedDict):
     energy_mj: int | None  # NVML's energy counter since the driver loaded (Volta and later)
 
 
+class AcceleratorPower(TypedDict):
+    index: int
+    power_w: float | None
+    energy_mj: int | None
+
+
+class PowerReading(TypedDict):
+    """One reading of a node's power sources by its power thread (``NodeSample.power``)."""
+
+    node_wall: float
+    accelerators: list[AcceleratorPower]
+    rapl: list[dict[str, Any]]
+    meter: NotRequired[dict[str, Any]]
+
+
 class NodeSample(TypedDict):
     """What a node's sampler reports (the recorder adds ``node``, its own ``wall`` and ``node_wall``)."""
 
@@ -116,6 +133,8 @@ class NodeSample(TypedDict):
     accelerators: list[AcceleratorSample]
     rapl: list[dict[str, Any]]  # every powercap RAPL zone, raw (aiperf.sampling.energy.PowercapZones)
     meter: NotRequired[dict[str, Any]]  # the site meter's reading, where one is configured for this node
+    power: NotRequired[list[PowerReading]]  # the power thread's readings since the last sample (run.power_interval_s)
+    power_cpu_s: NotRequired[float]  # the CPU seconds those readings have cost this node so far
 
 
 class CpuShares(TypedDict):
@@ -249,7 +268,11 @@ class NodeSampler:
     """
 
     def __init__(
-        self, master: MasterProcess | None = None, meter: MeterSpec | None = None, powercap: str = POWERCAP_ROOT
+        self,
+        master: MasterProcess | None = None,
+        meter: MeterSpec | None = None,
+        powercap: str = POWERCAP_ROOT,
+        power_interval_s: float = 0.0,
     ) -> None:
         import socket
 
@@ -271,6 +294,51 @@ class NodeSampler:
         self._gpu_seen: dict[int, int] = {}  # NVML timestamp of the last per-process sample read, per device
         self._rapl = PowercapZones(powercap)
         self._meter = SiteMeter(meter) if meter else None
+        # Power sources read every power_interval_s on this node and handed over with the next sample
+        # (MLPerf's power rule: at least one reading a second through the timed run; the master polls less often).
+        self._power: collections.deque[PowerReading] = collections.deque(maxlen=MAX_POWER_READINGS)
+        self._power_cpu_s = 0.0  # what reading them has cost this node's CPU
+        self._power_stop = threading.Event()
+        self._power_thread: threading.Thread | None = None
+        if power_interval_s > 0:
+            self._power_thread = threading.Thread(
+                target=self._power_loop, args=(float(power_interval_s),), name="aiperf-power", daemon=True
+            )
+            self._power_thread.start()
+
+    def _power_loop(self, interval_s: float) -> None:
+        next_at = time.monotonic()
+        while not self._power_stop.is_set():
+            cpu0 = time.thread_time()
+            try:
+                self._power.append(self.power_reading())
+            except Exception as exc:  # a reading that fails is a gap in the series, never a stopped run
+                logger.debug("power reading failed: %s", exc)
+            self._power_cpu_s += time.thread_time() - cpu0
+            next_at += interval_s
+            self._power_stop.wait(max(0.0, next_at - time.monotonic()))
+
+    def power_reading(self) -> PowerReading:
+        """Every power source of this node now: accelerators' power and energy counter, RAPL, the site meter."""
+        reading: PowerReading = {
+            "node_wall": round(time.time(), 3),
+            "accelerators": [self._accelerator_power(k, h) for k, h in enumerate(self._handles)],
+            "rapl": self._rapl.read(),
+        }
+        if self._meter is not None:
+            reading["meter"] = self._meter.read()
+        return reading
+
+    def _accelerator_power(self, index: int, handle: c_nvmlDevice_t) -> AcceleratorPower:
+        nvml = self._nvml
+        assert nvml is not None
+        milliwatts = _nvml_value(nvml.nvmlDeviceGetPowerUsage, handle)
+        energy = _nvml_value(nvml.nvmlDeviceGetTotalEnergyConsumption, handle)
+        return {
+            "index": index,
+            "power_w": milliwatts / 1000.0 if milliwatts is not None else None,
+            "energy_mj": int(energy) if energy is not None else None,
+        }
 
     def sample(self) -> NodeSample:
         mem = self._psutil.virtual_memory()
@@ -287,7 +355,13 @@ class NodeSampler:
             "accelerators": [self._accelerator(k, h) for k, h in enumerate(self._handles)],
             "rapl": self._rapl.read(),
         }
-        if self._meter is not None:  # last: a slow meter delays nothing else of the sample
+        if self._power_thread is not None:  # the power thread reads the meter; its readings travel here
+            readings = []
+            while self._power:
+                readings.append(self._power.popleft())
+            sample["power"] = readings
+            sample["power_cpu_s"] = round(self._power_cpu_s, 4)
+        elif self._meter is not None:  # last: a slow meter delays nothing else of the sample
             sample["meter"] = self._meter.read()
         return sample
 
@@ -341,6 +415,9 @@ class NodeSampler:
         return min(100.0, outside)
 
     def close(self) -> None:
+        self._power_stop.set()
+        if self._power_thread is not None:
+            self._power_thread.join(timeout=_SAMPLE_TIMEOUT_S)
         if self._nvml is not None:
             _nvml_value(self._nvml.nvmlShutdown)
 
@@ -362,11 +439,14 @@ def _open_nvml() -> tuple[ModuleType | None, list[c_nvmlDevice_t]]:
 class TelemetryRecorder:
     """Samples every node of the run in the background and appends the samples to ``telemetry.jsonl``."""
 
-    def __init__(self, run_dir: str | Path, interval_s: float, meter: MeterSpec | None = None) -> None:
+    def __init__(
+        self, run_dir: str | Path, interval_s: float, meter: MeterSpec | None = None, power_interval_s: float = 0.0
+    ) -> None:
         if not interval_s > 0:
             raise AiperfError(f"telemetry interval must be positive, got {interval_s}")
         self.path = Path(run_dir) / TELEMETRY_NAME
         self.interval_s = float(interval_s)
+        self.power_interval_s = max(0.0, float(power_interval_s))
         self.meter = meter
         self._actors: dict[str, Any] = {}  # node id -> its sampler's Ray actor handle
         self._stop = threading.Event()
@@ -402,7 +482,7 @@ class TelemetryRecorder:
         for node in nodes:
             strategy = NodeAffinitySchedulingStrategy(node.node_id, soft=False)
             self._actors[node.node_id] = remote.options(scheduling_strategy=strategy).remote(
-                master, meters.get(node.node_id)
+                master, meters.get(node.node_id), POWERCAP_ROOT, self.power_interval_s
             )
         self._thread = threading.Thread(target=self._loop, name="aiperf-telemetry", daemon=True)
         self._thread.start()
@@ -512,7 +592,8 @@ def _clean_sample(sample: object) -> dict[str, Any] | None:
     """A sample with every field a reader uses of the right type (a wrong one becomes None), or None.
 
     ``telemetry.jsonl`` is not part of the hash chain and may be edited: a line that is not
-    a sample (no numeric ``wall``, no string ``node``) is skipped like a torn one.
+    a sample (no numeric ``wall``, no string ``node``) is skipped like a torn one, and so is a
+    power reading in it without a numeric ``node_wall``.
     """
     if not isinstance(sample, dict) or not _number(sample.get("wall"), 0, 253402300799.0):
         return None
@@ -522,9 +603,22 @@ def _clean_sample(sample: object) -> dict[str, Any] | None:
     if "error" in out:
         return out
     out["hostname"] = out.get("hostname") if isinstance(out.get("hostname"), str) else None
-    for key in (*_SAMPLE_NUMBERS, *_SAMPLE_BYTES):
+    for key in (*_SAMPLE_NUMBERS, *_SAMPLE_BYTES, "power_cpu_s"):
         if key in out and not _number(out[key]):
             out[key] = None
+    _clean_power_fields(out)
+    if "power" in out:
+        readings = out["power"]
+        out["power"] = [
+            _clean_power_fields(dict(r))
+            for r in (readings if isinstance(readings, list) else [])
+            if isinstance(r, dict) and _number(r.get("node_wall"), 0, 253402300799.0)
+        ]
+    return out
+
+
+def _clean_power_fields(out: dict[str, Any]) -> dict[str, Any]:
+    """``out``'s accelerators, RAPL zones and meter reading with every number a reader uses checked (in place)."""
     devices = out.get("accelerators")
     out["accelerators"] = [
         {**a, **{k: a[k] if _number(a.get(k)) else None for k in _DEVICE_NUMBERS if k in a}}

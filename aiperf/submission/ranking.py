@@ -175,6 +175,9 @@ def _energy(summaries: Sequence[Mapping[str, Any]]) -> tuple[float | None, str]:
         return None, "not measured"
     if metered < len(figures):
         return None, f"metered in {metered} of {len(figures)} runs only"
+    granularity = [_number(_section(_section(e, "aspects"), "granularity").get("level")) for e in sections]
+    if any(g == 0 for g in granularity):  # MLPerf's and the EEHPC methodology's rule: >= 1 power reading a second
+        return None, "not ranked: power sampled less than once a second"
     levels = [_number(e.get("level")) for e in sections]
     level = min((v for v in levels if v is not None), default=None)
     text = "level unknown" if level is None else (f"level {level:.0f}" if level >= 1 else "below level 1")

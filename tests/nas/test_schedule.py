@@ -123,3 +123,21 @@ def test_the_search_refuses_a_graph_within_the_limits_exactly_when_its_flops_exc
         assert (True, False) in outcomes  # within the limits but above the band
     else:
         assert search._flops_ceiling() == math.inf
+
+
+def test_a_search_far_behind_its_band_proposes_inside_it_with_more_morphs_than_usual():
+    """Trials lengthen as networks grow, so a search can find every completed net far below the band: its
+    next children must reach the band, not creep towards it two morphs a generation (issue 52)."""
+    schedule = SizeSchedule(START, 16 * START, 2.0)
+    settings = SearchSettings(seed=1, candidates=24, landmarks=8)
+    search = AutoMLSearch(settings, SEED, LIMITS, schedule)
+    for k in range(6):  # the start-up: nets near the seed's size complete
+        search.at(0.0)
+        search.ask(f"t{k}")
+        search.tell(f"t{k}", 0.6 + 0.01 * k, True)
+    search.at(0.6)  # the band's low edge is now 16 ** 0.6 / sqrt(2) = 3.7 x the seed
+    low, high = schedule.band(0.6)
+    arch = [p for p in (search.ask(f"u{k}") for k in range(6)) if p.kind == TrialKind.ARCH]
+    assert arch, "under a band no completed net is in, the asks are new architectures"
+    assert all(low <= _flops(p.graph) <= high for p in arch), [_flops(p.graph) / low for p in arch]
+    assert max(len(p.morphs) for p in arch) > settings.max_morphs_per_child

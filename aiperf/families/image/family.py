@@ -51,6 +51,10 @@ class ImageFamily:
             "params": proposal.graph.param_count,
         }
 
+    def size(self, prepared: Prepared) -> float:
+        cost: GraphCost = prepared.cost
+        return float(cost.forward + cost.backward)
+
     def epoch_ops(self, prepared: Prepared, report: EpochCounts) -> tuple[float, float, float | None]:
         train, evaluation = epoch_operations(prepared.cost, report.train_images, report.eval_images, report.batch_size)
         return train, evaluation, aiperf_compatible_operations(prepared.arch, report.train_images, report.eval_images)

@@ -61,6 +61,10 @@ class LanguageFamily:
             "params": spec.params(),
         }
 
+    def size(self, prepared: Prepared) -> float:
+        cost: LMCost = prepared.cost
+        return float(cost.train_per_token)
+
     def epoch_ops(self, prepared: Prepared, report: EpochCounts) -> tuple[float, float, float | None]:
         """Training: FLOPs per token (its step's update included) x tokens; evaluation: forward x tokens."""
         cost: LMCost = prepared.cost
