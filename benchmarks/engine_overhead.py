@@ -154,6 +154,18 @@ def _trial_seed(run_seed: int, trial_id: str) -> int:
     return run_seed * 100_003 + index + 1
 
 
+def trial_hparams(config: dict[str, Any], cfg: Any) -> dict[str, Any]:
+    """A Tune trial's hyperparameters as aiperf's trainer takes them (TPE's, the kernel size the config's)."""
+    return {
+        "learning_rate": float(config["learning_rate"]),
+        "batch_size": int(config["batch_size"]),
+        "weight_decay": float(config["weight_decay"]),
+        "dropout": float(config["dropout"]),
+        "kernel_size": int(cfg.train.kernel_size),
+        "epochs": int(config["epochs"]),
+    }
+
+
 def tune_trial(config: dict[str, Any], setup: dict[str, Any]) -> None:
     """One Tune trial: the seed net with these hyperparameters, trained by aiperf's ``TrialRunner``."""
     from ray import tune
@@ -173,14 +185,7 @@ def tune_trial(config: dict[str, Any], setup: dict[str, Any]) -> None:
         runner = TrialRunner(state["dataset"], state["settings"], cfg.model.backend)
         if setup["keep_runner"]:
             state["runner"] = runner
-    hparams = {
-        "learning_rate": float(config["learning_rate"]),
-        "batch_size": int(config["batch_size"]),
-        "weight_decay": float(config["weight_decay"]),
-        "dropout": float(config["dropout"]),
-        "kernel_size": int(cfg.train.kernel_size),
-        "epochs": int(config["epochs"]),
-    }
+    hparams = trial_hparams(config, cfg)
     graph = apply_hparams(state["seed_graph"], hparams)  # what the master sends and counts
     cost = count_flops(graph)
     spec = TrialSpec(

@@ -85,12 +85,13 @@ def cli_env() -> dict[str, str]:
     return env
 
 
-def two_trial_smoke_run(results: Path, *overrides: str) -> Path:
-    """A real smoke run of exactly 2 trials with stored weights (~25 s on 2 idle cores): what an audit needs.
+def two_trial_smoke_run(results: Path, *overrides: str, trials: int = 2) -> Path:
+    """A real smoke run of exactly ``trials`` trials with stored weights (~25 s for 2 on 2 idle cores): what an
+    audit needs.
 
     Not conftest's time-boxed ``smoke_run``: on a loaded machine 30 s may complete no trial.
     """
-    settings = [f"run.results_dir={results}", "run.max_trials=2", "run.time_budget_s=600", *overrides]
+    settings = [f"run.results_dir={results}", f"run.max_trials={trials}", "run.time_budget_s=600", *overrides]
     proc = subprocess.run(
         aiperf_cmd("run", "--config", "smoke", *[a for o in settings for a in ("--set", o)]),
         capture_output=True, text=True, env=cli_env(), timeout=900, cwd=REPO,

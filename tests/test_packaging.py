@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
+import json
 import subprocess
 import sys
 from importlib import resources
@@ -98,14 +98,50 @@ def test_verbose_flag_logs_to_stderr_after_the_command_too():
     assert "no such file" in proc.stderr
 
 
-def test_package_modules_import_without_side_effects():
-    for name in (
-        "aiperf.families.image.flops",
-        "aiperf.ledger.store",
-        "aiperf.engine.master",
-        "aiperf.training.trial",
-    ):
-        importlib.import_module(name)
+IMPORT_CHECK = """
+import importlib, json, logging, os, pkgutil, sys, threading
+import aiperf, nas
+for framework in ("tensorflow", "keras", "matplotlib", "pandas", "optuna", "ray"):  # their own first import's effects
+    importlib.import_module(framework)
+names = sorted(m.name for pkg in (aiperf, nas) for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."))
+found = {}
+for name in names:
+    env, threads, handlers = dict(os.environ), set(threading.enumerate()), list(logging.getLogger().handlers)
+    before = sorted(os.listdir("."))
+    importlib.import_module(name)
+    changes = []
+    if dict(os.environ) != env:
+        changes.append("environment " + ", ".join(sorted({k for k, _ in set(os.environ.items()) ^ set(env.items())})))
+    started = [t.name for t in threading.enumerate() if t not in threads]
+    if started:
+        changes.append("threads " + ", ".join(started))
+    if list(logging.getLogger().handlers) != handlers:
+        changes.append("root logging handlers")
+    if sorted(os.listdir(".")) != before:
+        changes.append("files " + ", ".join(sorted(set(os.listdir(".")) - set(before))))
+    if changes:
+        found[name] = changes
+print(json.dumps({"modules": len(names), "side_effects": found}))
+"""
+
+
+def test_every_module_imports_without_side_effects(tmp_path):
+    """Importing any module of aiperf or nas changes nothing: no environment variable, thread, logging
+    handler or file in the working directory (a module that sets a framework's environment on import
+    would choose the backend for whoever imports it). The frameworks are imported first: what their own
+    first import does (TensorFlow sets variables of its own) is theirs, not a module of ours."""
+    home, cwd = tmp_path / "home", tmp_path / "cwd"  # Keras makes ~/.keras when it is imported: that is its own
+    home.mkdir()
+    cwd.mkdir()
+    env = {**cli_env(), "HOME": str(home)}
+    env.pop("KERAS_BACKEND", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", IMPORT_CHECK], capture_output=True, text=True, env=env, timeout=300, cwd=cwd
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["modules"] > 100  # every module was found and imported, not a handful
+    assert out["side_effects"] == {}
 
 
 def test_master_never_imports_the_model_builder_or_a_framework():

@@ -125,12 +125,14 @@ class TrialWorker:
             self.runner = TrialRunner(dataset, trainer, backend)
         else:  # a language run: its workers open the token shards here, once (a node that cannot read them fails now)
             from aiperf.families.language.runner import LMRunnerSettings, LMTrialRunner
+            from aiperf.training.compile_ahead import ahead_supported
 
             lm = LMRunnerSettings(
                 precision=trainer.precision,
                 jit_compile=trainer.jit_compile,
                 steps_per_epoch=settings.lm_steps_per_epoch,
                 eval_windows=settings.lm_eval_windows,
+                compile_ahead=settings.compile_ahead and ahead_supported(backend, 1),
             )
             self.runner = LMTrialRunner(dataset, lm)
             self.precision = self.runner.precision

@@ -702,8 +702,10 @@ def audit_run(
         notes.append(f"{len(unrecorded)} file(s) in weights/ have no ledger record and were not used: {listed}")
     if not any(t.weights for t in trials.values()):
         raise AiperfError(
-            f"{run_dir}: the ledger records no weights files (written before aiperf hashed them, or no trial "
-            "completed): there is nothing to re-evaluate"
+            f"{run_dir}: the ledger records no weights files, so there is nothing to re-evaluate: a trial's weights"
+            " are stored when it completes, and no trial of this run did (or the run predates weight hashes);"
+            f" resume it (aiperf run --resume {run_dir}) or run again with a longer run.time_budget_s so trials"
+            " complete: until one does, the run can be neither audited nor packaged"
         )
     completed = sorted(t for t, v in trials.items() if v.status is TrialStatus.COMPLETED)
     best = _best(records)

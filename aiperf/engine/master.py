@@ -544,6 +544,8 @@ class Master:
     def _on_ready(self, ev: PoolEvent) -> None:
         if ev.worker not in self.worker_ready_t:
             logger.info(f"{self._where(ev.worker)} ready")
+            if self.progress is not None:
+                self.progress.worker_ready(self._where(ev.worker), self.clock())
         self.worker_ready_t.setdefault(ev.worker, self.clock())
 
     def _where(self, worker: str, data: dict[str, Any] | None = None) -> str:

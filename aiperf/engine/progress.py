@@ -17,6 +17,8 @@ from aiperf.engine.output import Output, output
 from aiperf.ledger.inert import inert
 from aiperf.metrics.score import format_ops
 
+WORKER_NOTES = 16  # up to this many planned workers, each one's start is a line of its own
+
 
 def format_elapsed(seconds: float) -> str:
     seconds = int(max(0, seconds))
@@ -29,7 +31,12 @@ class Progress:
     """Accumulates what the master reports and prints a status line every ``interval_s``."""
 
     def __init__(
-        self, interval_s: float, budget_s: float, stream: TextIO | Output | None = None, family: str = "image"
+        self,
+        interval_s: float,
+        budget_s: float,
+        stream: TextIO | Output | None = None,
+        family: str = "image",
+        workers: int = 0,
     ) -> None:
         self.interval_s = interval_s
         self.language = family == "language"  # its quality shows as bits per byte (docs/llm.md)
@@ -42,6 +49,8 @@ class Progress:
         self.epochs = 0
         self.done = 0
         self.failed = 0
+        self.workers = workers  # planned workers: the line counts them ready while they start (0: not shown)
+        self.ready = 0
         self._last_print = -1e9
 
     def epoch(self, ops: float, val_acc: float, t: float) -> None:
@@ -49,6 +58,12 @@ class Progress:
         self.epochs += 1
         self.last_epoch_t = t
         self.best = val_acc if self.best is None else max(self.best, val_acc)
+
+    def worker_ready(self, where: str, ready_s: float) -> None:  # ready_s: the run's clock
+        """A worker finished starting (framework, dataset, matmul ceiling): said once per worker on small runs."""
+        self.ready += 1
+        if self.workers <= WORKER_NOTES:
+            self.note(f"{where} ready at {ready_s:.1f} s ({self.ready} of {self.workers})")
 
     def trial_done(self) -> None:
         self.done += 1
@@ -72,6 +87,11 @@ class Progress:
             f"{f', {queued} queued' if queued else ''}"
             f"{f', {self.failed} failed' if self.failed else ''} | epochs {self.epochs} | best {best}"
             f" | {format_ops(ops)}"
+            + (
+                f" | workers {self.ready}/{self.workers} ready (starting: Ray, framework, dataset, matmul ceiling)"
+                if self.workers > 0 and self.ready < self.workers
+                else ""
+            )
         )
 
     def maybe_print(self, t: float, running: int, queued: int = 0) -> None:

@@ -312,7 +312,9 @@ def _session(
         header = run_start_record(
             cfg, run_id=run_id, plan=plan, dataset=described, system=system, backend=backend, seed_graph=seed_graph
         )
-    progress = Progress(cfg.run.progress_interval_s, cfg.run.time_budget_s, out, family=cfg.family)
+    progress = Progress(
+        cfg.run.progress_interval_s, cfg.run.time_budget_s, out, family=cfg.family, workers=plan.concurrency or 0
+    )
     print(
         f"aiperf: run {inert(run_id)}: searching for {cfg.run.time_budget_s:g} s;"
         f" ledger {inert(run_dir / LEDGER_NAME)}",

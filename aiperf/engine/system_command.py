@@ -8,6 +8,7 @@ cluster coordinates but does not compute, so it is not part of the system being 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -73,6 +74,10 @@ def format_kinds(kinds: list[NodeKind]) -> list[str]:
     return lines
 
 
+def _site_fields_note() -> str:
+    return f"for a complete description write a site file with {', '.join(REQUIRED)} and pass --site (docs/system.md)"
+
+
 def system_command(cfg: Config, address: str | None, site_path: str | None, output: str | None) -> str:
     """Measure, combine with the site file and write ``output`` (or return the JSON); returns what to print."""
     from aiperf.ledger.files import write_atomic
@@ -87,6 +92,8 @@ def system_command(cfg: Config, address: str | None, site_path: str | None, outp
         document = {"aiperf": {"format": FORMAT, "node_kinds": [k.to_dict() for k in kinds]}}
     text = json.dumps(document, indent=2, sort_keys=False) + "\n"
     if output is None:
+        if site is None:  # the JSON goes to stdout (a pipe, a file): what it lacks is said beside it, on stderr
+            print(f"aiperf: note: measured part only; {_site_fields_note()}", file=sys.stderr)
         return text.rstrip("\n")
     path = Path(output)
     try:
@@ -98,10 +105,7 @@ def system_command(cfg: Config, address: str | None, site_path: str | None, outp
     lines += format_kinds(kinds)
     lines.append("  Rpeak (dense): " + ", ".join(f"{p} {_human(rpeak[p]['flops_per_s'])}" for p in PRECISIONS))
     if site is None:
-        lines.append(
-            f"wrote {path}: measured part only; for a complete description write a site file with "
-            f"{', '.join(REQUIRED)} and pass --site (docs/system.md)"
-        )
+        lines.append(f"wrote {path}: measured part only; {_site_fields_note()}")
     else:
         lines.append(f"wrote {path} (MLCommons system description fields, TOP500 fields, measured node kinds)")
     return "\n".join(lines)

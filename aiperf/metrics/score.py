@@ -224,6 +224,14 @@ def _floats(values: array) -> np.ndarray:
     return np.frombuffer(values, dtype=np.float64) if len(values) else np.zeros(0)
 
 
+def format_percent(fraction: float | None) -> str:
+    """A share as a percentage: one decimal from 1 % up, three significant digits below (0.0587 % is not 0.0 %)."""
+    if fraction is None:
+        return "-"
+    value = 100 * fraction
+    return f"{value:.1f} %" if abs(value) >= 1 else f"{value:.3g} %"
+
+
 def format_ops(value: float, unit: str = "OPS") -> str:
     """``value`` with an SI prefix and three significant digits: ``12.3 GOPS``, ``1.05 TOPS``."""
     if not math.isfinite(value):

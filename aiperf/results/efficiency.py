@@ -22,7 +22,7 @@ from aiperf.ledger.schema import (
     WorkerRecord,
     of_type,
 )
-from aiperf.metrics.score import format_ops
+from aiperf.metrics.score import format_ops, format_percent
 from aiperf.system.peak import arithmetic_of
 
 
@@ -209,10 +209,6 @@ def efficiency_of(
     }
 
 
-def _percent(value: float | None) -> str:
-    return f"{100 * value:.1f} %" if value is not None else "-"
-
-
 def format_efficiency(e: EfficiencySummary | None) -> str:
     """One line: OPS / Rpeak and OPS / measured ceiling, with the figures and where Rpeak comes from."""
     if not e:
@@ -220,13 +216,14 @@ def format_efficiency(e: EfficiencySummary | None) -> str:
     if not e["by_device"]:
         return f"- ({'; '.join(e['notes']) or 'no device trained'})"
     rpeak = (
-        f"{_percent(e['ops_over_rpeak'])} of Rpeak {format_ops(e['rpeak_flops'], 'FLOP/s')}"
+        f"{format_percent(e['ops_over_rpeak'])} of Rpeak {format_ops(e['rpeak_flops'], 'FLOP/s')}"
         f" ({', '.join(e['rpeak_sources'])}, dense)"
         if e["rpeak_flops"]
         else "Rpeak unknown"
     )
     ceiling = (
-        f"{_percent(e['ops_over_ceiling'])} of the measured matmul ceiling {format_ops(e['ceiling_flops'], 'FLOP/s')}"
+        f"{format_percent(e['ops_over_ceiling'])} of the measured matmul ceiling "
+        f"{format_ops(e['ceiling_flops'], 'FLOP/s')}"
         if e["ceiling_flops"]
         else "ceiling not measured"
     )

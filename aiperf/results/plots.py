@@ -124,6 +124,7 @@ def best_error_over_time(timeline: Sequence[TimelinePoint], epochs: pd.DataFrame
         ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
         ax.yaxis.set_minor_formatter(NullFormatter())
     ax.yaxis.set_major_formatter(percent)
+    ax.set_xlim(left=0)  # the run's whole time: a short run's epochs, all near its end, do not fill the axis
     ax.set_xlabel("time since run start (s)", fontsize=9)
     ax.set_ylabel("validation error (1 - top-1)", fontsize=9)
     ax.set_title("Best validation error over time", fontsize=10)
@@ -146,6 +147,7 @@ def best_bits_per_byte_over_time(timeline: Sequence[TimelinePoint], epochs: pd.D
     points = [(p["t"], 8.0 * (1.0 - p["best_val_acc"])) for p in timeline if p["best_val_acc"] is not None]
     if points:
         ax.step([p[0] for p in points], [p[1] for p in points], where="post", color="#2ca02c", label="best so far")
+    ax.set_xlim(left=0)
     ax.set_xlabel("time since run start (s)", fontsize=9)
     ax.set_ylabel("validation bits per byte", fontsize=9)
     ax.set_title("Best validation bits per byte over time", fontsize=10)
@@ -153,14 +155,33 @@ def best_bits_per_byte_over_time(timeline: Sequence[TimelinePoint], epochs: pd.D
     return to_png(fig)
 
 
+def _spread_ops(epochs: pd.DataFrame, edges: np.ndarray, chunk: int = 100_000) -> np.ndarray:
+    """Each bin's operations, every epoch's shared by how much of its busy interval the bin covers."""
+    out = np.zeros(len(edges) - 1)
+    ends = epochs["t"].to_numpy(dtype=float)
+    busy = (epochs["train_s"].fillna(0).astype(float) + epochs["eval_s"].fillna(0).astype(float)).to_numpy()
+    ops = epochs["ops"].fillna(0).astype(float).to_numpy()
+    lo_edges, hi_edges = edges[:-1][None, :], edges[1:][None, :]
+    for k in range(0, len(ends), chunk):
+        end, length, amount = ends[k : k + chunk, None], busy[k : k + chunk, None], ops[k : k + chunk, None]
+        start = end - length
+        overlap = np.clip(np.minimum(hi_edges, end) - np.maximum(lo_edges, start), 0.0, None)
+        instant = length <= 0  # no busy time recorded: all of it where it ended
+        share = np.where(instant, (lo_edges < end) & (end <= hi_edges), overlap / np.where(instant, 1.0, length))
+        out += (share * amount).sum(axis=0)
+    return out
+
+
 @plain_text
 def ops_per_node(
     epochs: pd.DataFrame, hostnames: dict[str, str], bins: int | None = None, weight: float = 1.0
 ) -> bytes | None:
-    """Counted operations per second and node, in time bins (an epoch counts in the bin it completed in).
+    """Counted operations per second and node, in time bins, each epoch's spread over the time it trained.
 
-    By default there are about three epochs per bin (5 to 30 bins): finer bins only show
-    when epochs happened to end, not the rate. ``weight``: how many epochs each row stands for
+    An epoch's operations are shared among the bins its steps covered (``train_s + eval_s``
+    before its end), as the score's steadiness windows share them: counted in the bin it ended
+    in alone, a node's rate zig-zagged with when epochs happened to end. By default there are
+    about three epochs per bin (5 to 30 bins). ``weight``: how many epochs each row stands for
     (``RunResults.epochs_stride`` when the frame is a sample). Of more than ``MAX_NODE_LINES``
     nodes an even sample is drawn, faint, under the mean of all of them.
     """
@@ -175,8 +196,7 @@ def ops_per_node(
     fig, ax = new_figure()
     series = {}
     for node, mine in epochs.groupby(epochs["node"].fillna("?"), sort=True):
-        sums, _ = np.histogram(mine["t"], bins=edges, weights=mine["ops"].astype(float) * weight)
-        series[str(node)] = sums / width
+        series[str(node)] = _spread_ops(mine, edges) * weight / width
     nodes = list(series)
     if len(nodes) <= MAX_LEGEND:
         for node, rate in series.items():
@@ -322,7 +342,11 @@ def utilisation(telemetry: pd.DataFrame, hostnames: dict[str, str]) -> bytes | N
     groups = list(data.groupby(["node", "device"]))
     for (node, device), frame in groups:
         name = label(f"{hostnames.get(node) or node[:8]} {device}") if len(groups) <= MAX_LEGEND else None
-        ax.plot(frame["t"], frame["util_percent"], linewidth=1, alpha=0.8 if name else 0.3, label=name)
+        lines = ax.plot(frame["t"], frame["util_percent"], linewidth=1, alpha=0.8 if name else 0.3, label=name)
+        own = frame.dropna(subset=["run_util_percent"]) if not has_gpu else frame.iloc[0:0]
+        if not own.empty:  # a shared machine: of the host's busy CPU, what the run itself used
+            mine = label(f"{hostnames.get(node) or node[:8]} this run's processes") if name else None
+            ax.plot(own["t"], own["run_util_percent"], linewidth=2, color=lines[0].get_color(), label=mine)
     power = telemetry.dropna(subset=["power_w"])
     if not power.empty:
         twin = ax.twinx()
@@ -331,7 +355,7 @@ def utilisation(telemetry: pd.DataFrame, hostnames: dict[str, str]) -> bytes | N
         twin.set_ylabel("accelerator power (W)", fontsize=9)
         twin.tick_params(labelsize=8)
     ax.set_ylim(0, 105)
-    ax.set_ylabel(("accelerator" if has_gpu else "CPU") + " utilisation (%)", fontsize=9)
+    ax.set_ylabel(("accelerator" if has_gpu else "CPU (thin: all processes)") + " utilisation (%)", fontsize=9)
     ax.set_xlabel("time since run start (s)", fontsize=9)
     ax.set_title("Utilisation per node (telemetry)", fontsize=10)
     if len(groups) <= MAX_LEGEND:

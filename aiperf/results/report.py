@@ -24,7 +24,7 @@ from aiperf.ledger.inert import inert_lines
 from aiperf.ledger.schema import Record, RunStartRecord
 from aiperf.ledger.store import LEDGER_NAME, iter_ledger
 from aiperf.metrics.rules import VerdictDict
-from aiperf.metrics.score import format_ops, score_timeline
+from aiperf.metrics.score import format_ops, format_percent, score_timeline
 from aiperf.results import plots
 from aiperf.results.size_pace import format_size_pace
 from aiperf.results.summary import RunDigest, build_summary, format_rate, format_telemetry
@@ -159,6 +159,17 @@ def _or_unknown(value: object) -> object:
     return "?" if value is None else value
 
 
+def _measured(value: object) -> object:
+    """A rule's measured figure as the rest of the page shows figures (0.8858, not 0.885794); words as they are."""
+    if not isinstance(value, str):
+        return value
+    try:
+        number = float(value)
+    except ValueError:
+        return value
+    return f"{number:.4g}" if number == number and abs(number) != float("inf") else value
+
+
 def _verdict_class(verdict: VerdictDict) -> str:
     if not verdict["valid"]:
         return "invalid"
@@ -182,10 +193,10 @@ def _efficiency_card(e: dict[str, Any] | None) -> tuple[str, str, str, str]:
     """OPS against Rpeak and against the measured matmul ceiling (docs/system.md); "-" where unknown."""
     if not e:
         return ("", "efficiency", "-", "not recorded (a summary from before 2026-11-25)")
-    peak = f"{100 * e['ops_over_rpeak']:.1f} % of Rpeak" if e.get("ops_over_rpeak") is not None else "Rpeak unknown"
+    peak = f"{format_percent(e['ops_over_rpeak'])} of Rpeak" if e.get("ops_over_rpeak") is not None else "Rpeak unknown"
     ceiling = e.get("ops_over_ceiling")
     note = (
-        f"{100 * ceiling:.1f} % of the measured ceiling {format_ops(e['ceiling_flops'], 'FLOP/s')}"
+        f"{format_percent(ceiling)} of the measured ceiling {format_ops(e['ceiling_flops'], 'FLOP/s')}"
         if ceiling is not None
         else "ceiling not measured"
     )
@@ -203,8 +214,7 @@ def _efficiency_section(summary: dict[str, Any]) -> str:
     def flops(value: float | None) -> str:
         return format_ops(value, "FLOP/s") if value else "unknown"
 
-    def share(value: float | None) -> str:
-        return f"{100 * value:.1f} %" if value is not None else "-"
+    share = format_percent
 
     rows = [
         f"<tr><td>{_e(d['device'])}</td><td>{d['devices']} {_e(d['unit'])}(s) on {d['nodes']} node(s)</td>"
@@ -301,7 +311,7 @@ def _headline(summary: dict[str, Any]) -> str:
             else f'<p class="note" id="verdict-workload">custom rules: not comparable: {_e("; ".join(v["custom"]))}</p>'
         )
     rules = [
-        f"<tr><td>{_e(r['name'])}</td><td>{_e(r['measured'])}</td><td>{_e(r['required'])}</td>"
+        f"<tr><td>{_e(r['name'])}</td><td>{_e(_measured(r['measured']))}</td><td>{_e(r['required'])}</td>"
         f'<td class="{"pass" if r["passed"] else "fail"}">{"pass" if r["passed"] else "FAIL"}</td></tr>'
         for r in v["rules"]
     ]

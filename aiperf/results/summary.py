@@ -703,7 +703,8 @@ def format_summary(summary: dict[str, Any], run_dir: str | Path) -> str:
         else "  AIPerf-compatible    - (AIPerf's conventions count images: none in a language run)",
         f"  steadiness           {format_steadiness(summary.get('steadiness'))}",
         format_best(summary),
-        f"  trials               {summary['trials']['started']} started, {summary['trials']['by_status']},"
+        f"  trials               {summary['trials']['started']} started "
+        f"({format_statuses(summary['trials']['by_status'])}),"
         f" {summary['trials']['distinct_architectures']} distinct architectures, "
         f"{summary['trials']['epochs_counted']} epochs counted",
         f"  devices              {devices['concurrency']} concurrent trials on {devices['nodes']} node(s): {where};"
@@ -744,6 +745,11 @@ def format_summary(summary: dict[str, Any], run_dir: str | Path) -> str:
         lines.append(f"  energy               {format_energy(summary['energy'])}")
     lines.append(f"  results              {inert(run_dir)}")
     return "\n".join(lines)
+
+
+def format_statuses(by_status: dict[str, int]) -> str:
+    """``2 completed, 1 stopped``: how the trials ended, for people (summary.json keeps the counts)."""
+    return ", ".join(f"{n} {status}" for status, n in sorted(by_status.items(), key=lambda kv: -kv[1])) or "none ended"
 
 
 def format_best(summary: dict[str, Any]) -> str:

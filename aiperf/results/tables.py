@@ -115,6 +115,7 @@ TELEMETRY_COLUMNS = [
     "mem_used_bytes",
     "mem_total_bytes",
     "power_w",
+    "run_util_percent",  # the host rows: the run's own processes' share of the host's CPUs since the previous sample
 ]
 
 
@@ -356,8 +357,20 @@ class _Anchors:
         return sorted(self.by_second.values())
 
 
+def _run_share(s: dict[str, Any], previous: dict[str, Any] | None) -> float | None:
+    """The run's processes' CPU use between two samples of a node, in % of its host's CPUs (None: not measured)."""
+    if previous is None:
+        return None
+    cpu0, cpu1, cpus = previous.get("run_cpu_s"), s.get("run_cpu_s"), s.get("cpus")
+    t0, t1 = previous.get("node_wall"), s.get("node_wall")
+    if cpu0 is None or cpu1 is None or t0 is None or t1 is None or not cpus or t1 <= t0 or cpu1 < cpu0:
+        return None
+    return min(100.0, 100.0 * (float(cpu1) - float(cpu0)) / (float(cpus) * (float(t1) - float(t0))))
+
+
 def _telemetry(run_dir: Path, anchors: list[tuple[float, float]]) -> pd.DataFrame:
     rows = []
+    last: dict[str, dict[str, Any]] = {}
     for s in read_telemetry(run_dir):
         if "error" in s:
             continue
@@ -371,8 +384,10 @@ def _telemetry(run_dir: Path, anchors: list[tuple[float, float]]) -> pd.DataFram
                 "mem_used_bytes": s.get("host_mem_used_bytes"),
                 "mem_total_bytes": s.get("host_mem_total_bytes"),
                 "power_w": None,
+                "run_util_percent": _run_share(s, last.get(s["node"])),
             }
         )
+        last[s["node"]] = s
         for a in s.get("accelerators") or []:
             rows.append(
                 {
@@ -383,6 +398,7 @@ def _telemetry(run_dir: Path, anchors: list[tuple[float, float]]) -> pd.DataFram
                     "mem_used_bytes": a.get("mem_used_bytes"),
                     "mem_total_bytes": a.get("mem_total_bytes"),
                     "power_w": a.get("power_w"),
+                    "run_util_percent": None,
                 }
             )
     frame = pd.DataFrame(rows, columns=TELEMETRY_COLUMNS)

@@ -23,7 +23,7 @@ from typing import Any
 
 from aiperf.errors import AiperfError, excerpt, first_line, os_error
 from aiperf.ledger.files import write_atomic
-from aiperf.metrics.score import format_ops
+from aiperf.metrics.score import format_ops, format_percent
 from aiperf.results.summary import MAX_SUMMARY_BYTES, SUMMARY_NAME, format_rate
 from aiperf.submission.layout import (
     MAX_DESCRIPTION_BYTES,
@@ -181,11 +181,6 @@ def plain(value: object, limit: int | None = TEXT_CHARS) -> str:
     return text if limit is None or len(text) <= limit else text[: limit - 3] + "..."
 
 
-def percent(value: float | None) -> str:
-    """Three significant digits: a CPU run's 0.0125 % of Rpeak is not 0.0 %."""
-    return f"{100 * value:.3g} %" if value is not None else "-"
-
-
 def _ops(value: float | None, unit: str = "OPS") -> str:
     return format_ops(value, unit) if value is not None else "-"
 
@@ -223,9 +218,9 @@ COLUMNS: list[tuple[str, Callable[[Row], str]]] = [
     ("regulated OPS", lambda r: _ops(r.value("regulated"))),
     ("tokens/s", _tokens),
     ("Rpeak", lambda r: _ops(r.rpeak, "FLOP/s")),
-    ("OPS/Rpeak", lambda r: percent(r.ops_over_rpeak)),
-    ("OPS/ceiling", lambda r: percent(r.ops_over_ceiling)),
-    ("engine", lambda r: percent(r.engine_efficiency)),
+    ("OPS/Rpeak", lambda r: format_percent(r.ops_over_rpeak)),
+    ("OPS/ceiling", lambda r: format_percent(r.ops_over_ceiling)),
+    ("engine", lambda r: format_percent(r.engine_efficiency)),
     ("OPS per watt", _watts),
     ("runs", lambda r: r.runs_text),
     ("duration", _duration),

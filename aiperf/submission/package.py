@@ -39,6 +39,8 @@ import yaml
 
 from aiperf.errors import AiperfError, excerpt, os_error
 from aiperf.ledger.inert import inert
+from aiperf.ledger.schema import WeightsRecord
+from aiperf.ledger.store import iter_ledger
 from aiperf.submission import layout
 from aiperf.submission.layout import (
     MAX_FILE_BYTES,
@@ -171,6 +173,11 @@ def _check_run(path: Path, kinds: list[dict[str, Any]], system_path: Path) -> tu
     try:
         audit = read_audit(path)
     except AiperfError:
+        if not any(isinstance(rec, WeightsRecord) for rec in iter_ledger(path)):
+            raise AiperfError(
+                f"{_shown(path)}: the run has no audit, and none can be made: no trial completed with its weights"
+                f" stored; resume it (aiperf run --resume {path}) or run again with a longer run.time_budget_s"
+            ) from None
         raise AiperfError(f"{_shown(path)}: the run has no audit; run aiperf audit {path} first") from None
     problem = audit.problem(run)
     if problem is not None:

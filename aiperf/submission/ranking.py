@@ -68,6 +68,7 @@ class Row:
     official: bool | None = None
     comparable: bool | None = None
     runs: int = 0
+    caveat: str | None = None  # what its runs' verdicts noted beside the rules (a shared machine)
     rank: int | None = None
     note: str | None = None
 
@@ -185,6 +186,21 @@ def _energy(summaries: Sequence[Mapping[str, Any]]) -> tuple[float | None, str]:
     return _median_all(figures), f"{text}: {covers}" if covers else text
 
 
+def _caveat(summaries: Sequence[Mapping[str, Any]]) -> str | None:
+    """The notes the runs' verdicts carry beside the rules (``shared machine: 57 % of CPU time outside the run``),
+    each once with how many runs it concerns: a ranked figure measured beside other work says so."""
+    counts: dict[str, int] = {}
+    for summary in summaries:
+        notes = _section(summary, "verdict").get("notes")
+        for note in notes if isinstance(notes, list) else []:
+            if isinstance(note, str) and note:
+                kind = note.split(":", 1)[0]
+                counts[kind] = counts.get(kind, 0) + 1
+    if not counts:
+        return None
+    return "; ".join(f"{kind} in {n} of {len(summaries)} run(s)" for kind, n in sorted(counts.items()))
+
+
 def _all_true(summaries: Sequence[Mapping[str, Any]], key: str) -> bool | None:
     values = [_section(s, "verdict").get(key) for s in summaries]
     if not values or any(not isinstance(v, bool) for v in values):
@@ -240,6 +256,7 @@ def combine_runs(
         official=_all_true(summaries, "official"),
         comparable=_all_true(summaries, "comparable"),
         runs=len(summaries),
+        caveat=_caveat(summaries),
     )
 
 
@@ -265,7 +282,7 @@ def rank_rows(rows: Iterable[Row], by: str = "ops") -> list[Row]:
         for i, r in enumerate(rankable, 1):
             if r.value(by) != previous:
                 rank, previous = i, r.value(by)
-            out.append(replace(r, rank=rank, note=None))
+            out.append(replace(r, rank=rank, note=r.caveat))
         ranked = {id(r) for r in rankable}
         for r in sorted((r for r in mine if id(r) not in ranked), key=lambda r: (r.system, r.package)):
             why = "custom rules, not comparable" if r.comparable is False else f"{label} unknown"

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 
@@ -33,13 +34,21 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class StepShapes:
-    """One trial's step inputs: the training batch (images, labels) and the evaluation batch."""
+    """One trial's step inputs: the training batch (examples, labels) and its evaluation batches.
+
+    An image trial's label is one class per image (``label_shape`` empty) and it evaluates with
+    ``predict``; a language trial's is a target token per input token and it evaluates with
+    ``evaluate`` (``evaluate``: the test step, which takes the labels too), in batches of each
+    size in ``eval_batches`` (a last partial batch is another shape).
+    """
 
     batch: int
-    eval_batch: int
+    eval_batches: tuple[int, ...]
     example_shape: tuple[int, ...]
     example_dtype: str
     label_dtype: str
+    label_shape: tuple[int, ...] = ()
+    evaluate: bool = False
 
 
 def ahead_supported(backend: str, data_parallel: int) -> bool:
@@ -101,10 +110,11 @@ class AheadSteps:
 
     train: AheadStep
     predict: AheadStep
+    test: AheadStep
 
     @property
     def misses(self) -> int:
-        return self.train.misses + self.predict.misses
+        return self.train.misses + self.predict.misses + self.test.misses
 
 
 def _avals(variables: list[Any]) -> list[Any]:
@@ -114,11 +124,13 @@ def _avals(variables: list[Any]) -> list[Any]:
 
 
 def install(model: keras.Model) -> AheadSteps:
-    """Give a compiled Keras model (JAX backend, no distribution) train and predict steps that can be compiled ahead.
+    """Give a compiled Keras model (JAX backend, no distribution) train, predict and test steps that can be
+    compiled ahead.
 
-    Mirrors what the Keras JAX trainer's ``make_train_function`` and ``make_predict_function``
-    build for a jit-compiled model (the step jitted with its state donated, wrapped by
-    ``_make_function``), with :class:`AheadStep` as the jitted step. Idempotent per model.
+    Mirrors what the Keras JAX trainer's ``make_train_function``, ``make_predict_function`` and
+    ``make_test_function`` build for a jit-compiled model (the step jitted with its state
+    donated, wrapped by ``_make_function``), with :class:`AheadStep` as the jitted step.
+    Idempotent per model.
     """
     existing = getattr(model, "_aiperf_ahead", None)
     if isinstance(existing, AheadSteps):
@@ -130,10 +142,12 @@ def install(model: keras.Model) -> AheadSteps:
         return outputs, (state[0], non_trainable_variables)
 
     predict = AheadStep(predict_step)
+    test = AheadStep(model.test_step)
     model.train_function = model._make_function(train)
     predict_iterator = model._make_function(predict, concatenate_outputs=True)
     model.predict_function = lambda state, iterator: predict_iterator(state, iterator)
-    steps = AheadSteps(train, predict)
+    model.test_function = model._make_function(test)
+    steps = AheadSteps(train, predict, test)
     model._aiperf_ahead = steps
     return steps
 
@@ -144,17 +158,20 @@ def ahead_ready(model: keras.Model, shapes: StepShapes) -> bool:
     if not isinstance(steps, AheadSteps):
         return False
     example = tuple(shapes.example_shape)
-    return (shapes.batch, *example) in steps.train.shapes() and (shapes.eval_batch, *example) in steps.predict.shapes()
+    evaluation = steps.test if shapes.evaluate else steps.predict
+    return (shapes.batch, *example) in steps.train.shapes() and all(
+        (batch, *example) in evaluation.shapes() for batch in shapes.eval_batches
+    )
 
 
 def compile_ahead(
     model: keras.Model, shapes: StepShapes, tracing: AbstractContextManager[object] | None = None
 ) -> AheadSteps:
-    """Install (:func:`install`) and compile the model's train and predict steps for ``shapes``.
+    """Install (:func:`install`) and compile the model's train step and its evaluation step for ``shapes``.
 
     The abstract state is read from the model's variables (shapes and dtypes only, no values),
-    the data from ``shapes`` as Keras hands it to the steps: ``(images, labels)`` with labels in
-    JAX's default integer width, and the images alone for ``predict``.
+    the data from ``shapes`` as Keras hands it to the steps: ``(examples, labels)`` with labels in
+    JAX's default integer width, and the examples alone for ``predict``.
     """
     import jax
 
@@ -163,9 +180,69 @@ def compile_ahead(
     state = (trainable, non_trainable, _avals(model.optimizer.variables), _avals(model.metrics_variables))
     label = jax.dtypes.canonicalize_dtype(np.dtype(shapes.label_dtype))
     example = np.dtype(shapes.example_dtype)
-    images = jax.ShapeDtypeStruct((shapes.batch, *shapes.example_shape), example)
     lock = tracing if tracing is not None else contextlib.nullcontext()
-    steps.train.compile(state, (images, jax.ShapeDtypeStruct((shapes.batch,), label)), lock)
-    eval_images = jax.ShapeDtypeStruct((shapes.eval_batch, *shapes.example_shape), example)
-    steps.predict.compile((trainable, non_trainable), eval_images, lock)
+
+    def batch_of(size: int) -> tuple[Any, Any]:
+        examples = jax.ShapeDtypeStruct((size, *shapes.example_shape), example)
+        return examples, jax.ShapeDtypeStruct((size, *shapes.label_shape), label)
+
+    steps.train.compile(state, batch_of(shapes.batch), lock)
+    for size in shapes.eval_batches:
+        if shapes.evaluate:
+            steps.test.compile((trainable, non_trainable, _avals(model.metrics_variables)), batch_of(size), lock)
+        else:
+            steps.predict.compile((trainable, non_trainable), batch_of(size)[0], lock)
     return steps
+
+
+T = TypeVar("T")
+PREPARED_LIMIT = 2  # models compiled ahead and not yet trained that a worker holds (its queued trials')
+
+
+class Prepared(Generic[T]):
+    """A worker's models compiled ahead, by key, and those being compiled now: a trial waits for its own.
+
+    Both families' runners keep theirs here. ``keras_lock`` is held by whatever builds, compiles
+    or traces a model (the training thread's fresh builds too): Keras keeps its global state per
+    thread, but ``clear_session`` replaces it for every thread.
+    """
+
+    def __init__(self, limit: int = PREPARED_LIMIT) -> None:
+        self.keras_lock = threading.Lock()
+        self.state = threading.Condition()  # guards the two below (and what a runner keeps with them)
+        self._ready: dict[str, T] = {}
+        self._busy: set[str] = set()
+        self._limit = limit
+
+    def busy(self, key: str) -> bool:
+        """Whether ``key`` is being compiled now (call holding ``state``)."""
+        return key in self._busy
+
+    def peek(self, key: str) -> T | None:
+        """The model ready for ``key``, left there (call holding ``state``)."""
+        return self._ready.get(key)
+
+    def begin(self, key: str) -> None:
+        """``key`` is being compiled from now (call holding ``state``)."""
+        self._busy.add(key)
+
+    def finish(self, key: str, value: T | None) -> None:
+        """``key``'s compile ended, with its model (None: it failed); the oldest beyond the limit go."""
+        with self.state:
+            self._busy.discard(key)
+            if value is not None:
+                self._ready[key] = value
+                while len(self._ready) > self._limit:  # trials that never came
+                    self._ready.pop(next(iter(self._ready)))
+            self.state.notify_all()
+
+    def wait_and_take(self, key: str) -> tuple[T | None, float]:
+        """``key``'s model (None: none was prepared) and the seconds waited for one still compiling
+        (call holding ``state``: the caller may move it elsewhere before letting go)."""
+        waited = 0.0
+        if key in self._busy:  # being compiled ahead right now: the device waits for it, once
+            t0 = time.perf_counter()
+            while key in self._busy:
+                self.state.wait()
+            waited = time.perf_counter() - t0
+        return self._ready.pop(key, None), waited

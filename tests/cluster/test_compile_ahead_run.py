@@ -7,7 +7,7 @@ import json
 import subprocess
 
 import pytest
-from helpers import REPO, aiperf_cmd, cli_env, ledger_records
+from helpers import REPO, aiperf_cmd, cli_env, ledger_records, two_trial_smoke_run
 
 pytestmark = [
     pytest.mark.slow,
@@ -17,20 +17,9 @@ pytestmark = [
 
 @pytest.mark.parametrize("actors", ["per_worker", "per_node"])
 def test_every_trial_after_a_worker_s_first_starts_on_steps_compiled_ahead(tmp_path, actors):
-    settings = [
-        f"run.results_dir={tmp_path}",
-        "model.backend=jax",
-        f"cluster.actors={actors}",
-        "cluster.max_concurrent_trials=1",  # one slot: each trial after the first waits behind another
-        "run.max_trials=3",
-        "run.time_budget_s=600",
-    ]
-    proc = subprocess.run(
-        aiperf_cmd("run", "--config", "smoke", *[a for s in settings for a in ("--set", s)]),
-        capture_output=True, text=True, env=cli_env(), timeout=900, cwd=REPO,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    (run,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    # one slot: each trial after the first waits behind another
+    settings = ["model.backend=jax", f"cluster.actors={actors}", "cluster.max_concurrent_trials=1"]
+    run = two_trial_smoke_run(tmp_path, *settings, trials=3)
     records = ledger_records(run)
     ends = [r for r in records if r["type"] == "trial_end" and r["status"] == "completed"]
     assert len(ends) == 3

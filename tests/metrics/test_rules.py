@@ -295,3 +295,16 @@ def test_a_custom_config_dataset_or_rule_is_not_comparable(edit, reason):
     v = evaluate_rules(records)
     assert v.valid and not v.official and not v.comparable
     assert "custom rules: not comparable (" in v.headline() and reason in v.headline()
+
+
+def test_a_language_run_below_its_quality_gives_the_limit_in_bits_per_byte_and_names_a_short_budget():
+    def language(records):
+        return edit_header(records, lambda h: h.update(family="language"))
+
+    short = by_name(evaluate_rules(language(run(acc=0.55, last_t=240.0))))["quality"]
+    assert not short.passed
+    assert "best validation quality 0.55 (3.6 bits per byte) < 0.7 (2.4 bits per byte) required" in short.summary
+    assert "a 240 s run, shorter than the workload's 3600 s, trains too little" in short.summary
+    full = by_name(evaluate_rules(language(run(acc=0.55, last_t=4000.0))))["quality"]
+    assert not full.passed and "trains too little" not in full.summary  # a full-length run: no such excuse
+    assert by_name(evaluate_rules(language(run(acc=0.75, last_t=240.0))))["quality"].passed

@@ -196,3 +196,11 @@ def test_a_tally_fed_record_by_record_gives_the_score_of_the_records(sim_run):
     assert isinstance(records[-1], RunStopRecord)
     assert tally.score(records[-1]) == compute_score(records)
     assert tally.score(records[-1]).epochs > 10
+
+
+def test_a_share_is_shown_with_a_decimal_from_one_percent_and_three_significant_digits_below():
+    from aiperf.metrics.score import format_percent
+
+    assert format_percent(0.125) == "12.5 %" and format_percent(0.2) == "20.0 %"
+    assert format_percent(0.000587) == "0.0587 %"  # a CPU run's share of Rpeak: not 0.0 %
+    assert format_percent(None) == "-"

@@ -149,3 +149,16 @@ def test_the_real_smoke_run_got_its_report(smoke_run):
     assert f"aiperf: report {run_dir / REPORT_NAME}" in proc.stdout
     assert len(IMG.findall(page)) == 6  # with the real node's CPU telemetry
     assert "https://" not in page and "http://" not in page
+
+
+def test_the_ops_per_node_plot_spreads_each_epoch_over_the_time_it_trained():
+    import numpy as np
+    import pandas as pd
+
+    from aiperf.results.plots import _spread_ops
+
+    epochs = pd.DataFrame({"t": [10.0, 20.0, 20.0], "train_s": [10.0, 9.0, 0.0], "eval_s": [0.0, 1.0, 0.0],
+                           "ops": [100.0, 100.0, 50.0]})  # fmt: skip
+    sums = _spread_ops(epochs, np.array([0.0, 5.0, 10.0, 15.0, 20.0]))
+    assert list(sums) == [50.0, 50.0, 50.0, 100.0]  # the last epoch had no busy time: all of it where it ended
+    assert sums.sum() == epochs["ops"].sum()

@@ -75,3 +75,23 @@ def test_master_time_follows_the_clock_offset_across_a_resume():
 def test_a_directory_without_a_ledger_is_a_one_line_error(tmp_path):
     with pytest.raises(AiperfError, match="no ledger here"):
         load(tmp_path)
+
+
+def test_the_host_rows_say_what_share_of_the_cpus_the_run_itself_used(smoke_run, tmp_path):
+    import json
+    import shutil
+
+    from aiperf.results.tables import load
+
+    run = shutil.copytree(smoke_run[0], tmp_path / "run")
+    start = json.loads((run / "ledger.jsonl").read_text().splitlines()[0])["wall"]
+    samples = [
+        {"wall": start + 1.0, "node_wall": start + 1.0, "node": "n1", "hostname": "h", "cpu_percent": 100.0,
+         "cpus": 2, "run_cpu_s": 10.0, "accelerators": []},
+        {"wall": start + 6.0, "node_wall": start + 6.0, "node": "n1", "hostname": "h", "cpu_percent": 100.0,
+         "cpus": 2, "run_cpu_s": 15.0, "accelerators": []},
+    ]  # fmt: skip
+    (run / "telemetry.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+    host = load(run).telemetry
+    assert list(host["util_percent"]) == [100.0, 100.0]  # the host was busy ...
+    assert host["run_util_percent"].isna().iloc[0] and host["run_util_percent"].iloc[1] == 50.0  # ... half of it not us

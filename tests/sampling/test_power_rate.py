@@ -8,8 +8,9 @@ import subprocess
 import time
 
 import pytest
-from helpers import REPO, aiperf_cmd, cli_env
+from helpers import REPO, aiperf_cmd, cli_env, two_trial_smoke_run
 
+from aiperf.results.summary import format_summary
 from aiperf.sampling.energy import energy_by_trial, expand_power, power_sampling, summarize_energy
 from aiperf.sampling.telemetry import NodeSampler, read_telemetry
 
@@ -93,22 +94,16 @@ def test_a_hostile_power_list_is_cleaned_like_the_rest_of_a_sample(tmp_path):
 
 @pytest.mark.slow
 def test_a_run_with_a_site_meter_records_two_readings_a_second_and_each_trial_s_energy(tmp_path):
-    settings = [
-        f"run.results_dir={tmp_path}", "run.max_trials=2", "run.time_budget_s=600",
-        "run.power_meter.command=echo 150 W", "run.power_interval_s=0.5", "run.telemetry_interval_s=2",
-    ]  # fmt: skip
-    proc = subprocess.run(
-        aiperf_cmd("run", "--config", "smoke", *[a for s in settings for a in ("--set", s)]),
-        capture_output=True, text=True, env=cli_env(), timeout=900, cwd=REPO,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    (run,) = [p for p in tmp_path.iterdir() if p.is_dir()]
-    energy = json.loads((run / "summary.json").read_text())["energy"]
+    settings = ["run.power_meter.command=echo 150 W", "run.power_interval_s=0.5", "run.telemetry_interval_s=2"]
+    run = two_trial_smoke_run(tmp_path, *settings)
+    summary = json.loads((run / "summary.json").read_text())
+    energy = summary["energy"]
     assert energy["measured"] and energy["readings_per_s"] >= 1.0, energy
     assert energy["aspects"]["granularity"]["level"] >= 1
     assert energy["sampler_cpu_s"] is not None
     assert sorted(energy["trials"]["by_trial"]) == ["t00000", "t00001"]
     assert all(j > 0 for j in energy["trials"]["by_trial"].values())
-    assert "power read" in proc.stdout and "per trial on average" in proc.stdout
+    printed = format_summary(summary, run)
+    assert "power read" in printed and "per trial on average" in printed
     verify = subprocess.run(aiperf_cmd("verify", str(run)), capture_output=True, text=True, env=cli_env(), cwd=REPO)
     assert verify.returncode == 0, verify.stdout + verify.stderr

@@ -127,6 +127,18 @@ def test_runs_are_combined_by_the_median_with_their_spread():
     assert r.official is False and r.runs_text == "3, CV 13.5 %"
 
 
+def test_a_ranked_row_whose_runs_shared_their_machine_says_so_in_its_note():
+    busy = summary(1.0e12)
+    busy["verdict"]["notes"] = ["shared machine: 59 % of CPU time outside the run"]
+    quiet = summary(1.1e12)
+    r = combine_runs("pkg", "sys", "smoke", [busy, busy, quiet], describe("Busy Box"), True)
+    assert r.caveat == "shared machine in 2 of 3 run(s)"
+    (ranked,) = rank_rows([r])
+    assert ranked.rank == 1 and ranked.note == "shared machine in 2 of 3 run(s)"
+    assert "shared machine in 2 of 3 run(s)" in listing.format_table([ranked], "ops")
+    assert combine_runs("pkg", "sys", "smoke", [quiet], describe("Quiet"), True).caveat is None
+
+
 def test_five_runs_give_the_olympic_mean():
     runs = [summary(v * 1e9) for v in (1, 2, 3, 4, 100)]
     r = combine_runs("pkg", "sys", "smoke", runs, {}, True)

@@ -240,6 +240,15 @@ def test_package_refuses_a_run_without_audit_and_one_that_fails_verify(two_smoke
 
 
 @pytest.mark.slow
+def test_a_run_that_completed_no_trial_is_told_it_can_be_neither_audited_nor_packaged(sim_run, system_json, tmp_path):
+    run = shutil.copytree(sim_run, tmp_path / "sim")  # simulated trials store no weights, as a run cut short
+    rc, err = _package([run], system_json, tmp_path / "out")
+    assert rc == 2 and "the run has no audit, and none can be made" in err and f"--resume {run}" in err
+    audit = run_cli("audit", str(run))
+    assert audit.returncode == 2 and "can be neither audited nor packaged" in audit.stderr
+
+
+@pytest.mark.slow
 def test_package_refuses_a_linked_file(two_smoke_runs, system_json, tmp_path):
     linked = tmp_path / "linked"
     shutil.copytree(two_smoke_runs[0], linked)

@@ -143,7 +143,7 @@ def test_the_checker_module_run_as_a_user_runs_it_passes_the_file(tmp_path):
     assert "System description checker passed for example-cluster" in proc.stderr, proc.stderr
 
 
-def test_the_system_command_writes_a_checked_file_from_the_measured_kinds(tmp_path, monkeypatch):
+def test_the_system_command_writes_a_checked_file_from_the_measured_kinds(tmp_path, monkeypatch, capsys):
     from aiperf.config import load_config
 
     monkeypatch.setattr(command, "measure_kinds", lambda cfg, address, declared=None: _kinds([("n1", _gpu_node("g1"))]))
@@ -154,8 +154,11 @@ def test_the_system_command_writes_a_checked_file_from_the_measured_kinds(tmp_pa
     assert check(str(out))
     assert "1 node(s) the run would use, 1 kind(s)" in text and "8 x NVIDIA H100 80GB HBM3 (80 GiB)" in text
     assert "bfloat16 990 TFLOP/s" in text
+    capsys.readouterr()
     measured_only = command.system_command(load_config("smoke"), None, None, None)
     assert set(json.loads(measured_only)) == {"aiperf"}
+    note = capsys.readouterr().err  # printed JSON lacks the site's fields: which ones is said beside it
+    assert "measured part only" in note and "system_name" in note and "--site" in note
 
 
 @pytest.mark.slow  # starts a private Ray instance (~10 s)

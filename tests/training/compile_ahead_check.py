@@ -71,7 +71,9 @@ def main() -> int:
     os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
     from aiperf.config import DatasetConfig
     from aiperf.datasets.synthetic import load_synthetic
+    from aiperf.families.image.compiled_models import compile_key
     from aiperf.families.image.trainer import TrainerSettings, TrialRunner
+    from aiperf.training.trial import apply_hparams
 
     dataset = load_synthetic(
         DatasetConfig(
@@ -91,9 +93,10 @@ def main() -> int:
 
     # A trial that arrives while its model is still compiling waits for it, and nothing compiles twice.
     spec = _spec(dataset, 6, 32, "b")
+    spec_key = compile_key(apply_hparams(spec.architecture(), spec.hparams))
     thread = threading.Thread(target=ahead.prepare, args=(spec,))
     thread.start()
-    while not ahead._preparing and thread.is_alive():
+    while not ahead._ahead.busy(spec_key) and thread.is_alive():
         time.sleep(0.001)
     out["waiting"] = _train(ahead, spec)
     thread.join()
@@ -103,8 +106,48 @@ def main() -> int:
     out["other_batch"] = _train(ahead, _spec(dataset, 8, 16, "c"))
     # ... and a batch size nobody prepared: Keras's own jitted step compiles it in place.
     out["unprepared_batch"] = _train(ahead, _spec(dataset, 8, 64, "d"))
+    out["language"] = _language()
     print(json.dumps(out))
     return 0
+
+
+class _Source:
+    streaming = False
+
+    def __init__(self, data: Any) -> None:
+        self.data = data
+
+    def windows(self) -> Any:
+        return self.data
+
+
+def _language() -> dict[str, Any]:
+    """A language trial prepared ahead against the same trial on a fresh worker: same losses, no compile in it."""
+    from aiperf.families.language.runner import LMRunnerSettings, LMTrialRunner
+    from aiperf.families.language.text_corpus import load_text_corpus
+    from aiperf.training.trial import TrialSpec
+    from nas.language.spec import TransformerSpec
+
+    corpus = load_text_corpus(max_bytes=100_000, seed=0)
+    spec = TransformerSpec(vocab_size=256, seq_len=16, width=16, head_dim=8, heads=(2,), mlp_hidden=(32,))
+    hparams = {"learning_rate": 3e-3, "warmup_fraction": 0.25, "weight_decay": 0.01, "batch_size": 4, "seq_len": 16}
+    trial = TrialSpec(trial_id="lm1", kind="seed", graph=spec.to_dict(), hparams={**hparams, "epochs": 2}, seed=5)
+    out: dict[str, Any] = {}
+    for name, ahead in (("fresh", False), ("ahead", True)):
+        settings = LMRunnerSettings("float32", True, steps_per_epoch=3, eval_windows=6, compile_ahead=ahead)
+        runner = LMTrialRunner(_Source(corpus), settings)
+        prepared = runner.prepare(trial)
+        items = list(runner.run(trial))
+        steps = runner.last_training.model._aiperf_ahead if ahead else None
+        out[name] = {
+            "prepared": prepared,
+            "losses": [i["val_loss"] for i in items if i["type"] == "epoch"],
+            "compile_s": [i["compile_s"] for i in items if i["type"] == "epoch"],
+            "step_reused": items[-1]["step_reused"],
+            "misses": None if steps is None else steps.misses,
+            "hits": None if steps is None else steps.train.hits + steps.test.hits,
+        }
+    return out
 
 
 if __name__ == "__main__":

@@ -70,6 +70,15 @@ def test_a_batch_size_nobody_prepared_still_trains_compiled_just_in_time(facts):
     assert len(unprepared["epochs"]) == 2
 
 
+def test_a_language_trial_prepared_ahead_trains_as_on_a_fresh_worker_without_compiling_in_its_steps(facts):
+    fresh, ahead = facts["language"]["fresh"], facts["language"]["ahead"]
+    assert fresh["prepared"] is False and ahead["prepared"] is True  # only where the runner compiles ahead
+    assert ahead["losses"] == pytest.approx(fresh["losses"], rel=1e-6)
+    assert ahead["misses"] == 0 and ahead["hits"] > 0  # the train step and both evaluation shapes (6 = 4 + 2)
+    assert ahead["step_reused"] is True and fresh["step_reused"] is False
+    assert ahead["compile_s"][0] < fresh["compile_s"][0]
+
+
 def test_compiling_ahead_applies_to_jax_on_one_device_only():
     assert ahead_supported("jax", 1)
     assert not ahead_supported("jax", 2)  # a distribution shards the state: Keras compiles it

@@ -19,7 +19,6 @@ delivers (:func:`~aiperf.datasets.bad_images.largest_full_batch`).
 from __future__ import annotations
 
 import math
-import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -37,7 +36,14 @@ from aiperf.families.image.model import build_model, get_weights, initial_weight
 from aiperf.families.image.runtime_hparams import set_trial_hparams
 from aiperf.families.image.stream_input import TOO_MANY_BAD
 from aiperf.training.backend import is_out_of_memory, seed_trial
-from aiperf.training.compile_ahead import StepShapes, ahead_ready, ahead_supported, compile_ahead, install
+from aiperf.training.compile_ahead import (
+    Prepared,
+    StepShapes,
+    ahead_ready,
+    ahead_supported,
+    compile_ahead,
+    install,
+)
 from aiperf.training.step_timing import CompileShares, compile_overhead
 from aiperf.training.trial import TrialSpec, Weights, apply_hparams, inherit_weights
 from nas.graph import Graph
@@ -48,7 +54,6 @@ if TYPE_CHECKING:
     from aiperf.families.image.stream_input import TrainStream
 
 ACTIVATION_MEMORY_FRACTION = 0.6
-PREPARED_LIMIT = 2  # models compiled ahead and not yet trained that a worker holds (its queued trials')
 
 
 @dataclass(frozen=True)
@@ -148,12 +153,7 @@ class TrialRunner:
         self.ahead = (
             settings.compile_ahead and ahead_supported(self.backend, settings.data_parallel) and not dataset.streaming
         )
-        self._prepared: dict[str, CompiledModel] = {}  # models compiled ahead, not yet trained
-        self._preparing: set[str] = set()  # compile keys being prepared now
-        self._state = threading.Condition()  # guards the three above and the kept models
-        # Keras keeps its global state per thread, but clear_session replaces it for every thread: whatever
-        # builds, compiles or traces a model holds this lock, so a clean-up never lands in another thread's build.
-        self._keras_lock = threading.Lock()
+        self._ahead: Prepared[CompiledModel] = Prepared()  # models compiled ahead; its state guards self.compiled too
 
     # -- input ---------------------------------------------------------------------------------
     def _train_feed(self, batch: int, seed: int) -> TrainInput | TrainStream:
@@ -264,14 +264,8 @@ class TrialRunner:
         import keras
 
         key = compile_key(graph)
-        waited = 0.0
-        with self._state:
-            if key in self._preparing:  # being compiled ahead right now: the device waits for it, once
-                t0 = time.perf_counter()
-                while key in self._preparing:
-                    self._state.wait()
-                waited = time.perf_counter() - t0
-            entry = self._prepared.pop(key, None)
+        with self._ahead.state:
+            entry, waited = self._ahead.wait_and_take(key)
             if entry is not None:
                 self.compiled.keep(entry)
             else:
@@ -280,8 +274,8 @@ class TrialRunner:
             set_weights(entry.model, graph, weights if weights is not None else initial_weights(graph))
             entry.restart_optimizer()
             return entry, True, waited
-        with self._keras_lock:
-            with self._state:
+        with self._ahead.keras_lock:
+            with self._ahead.state:
                 self.compiled.make_room()
             keras.backend.clear_session()  # Keras's global state only: models kept in the cache stay usable
             self._parallel.activate()  # clear_session also dropped a process-wide distribution
@@ -290,7 +284,7 @@ class TrialRunner:
             if self.ahead:
                 install(model)  # later trials of this architecture can have their shapes compiled ahead
         entry = CompiledModel.capture(key, model)
-        with self._state:
+        with self._ahead.state:
             self.compiled.keep(entry)
         return entry, False, waited
 
@@ -300,7 +294,7 @@ class TrialRunner:
         batch = max(1, min(self._batch_for(graph, spec), len(y_train)))  # TrainInput's clamp
         replicas = max(1, self.settings.data_parallel)
         eval_batch = eval_batch_size(self.dataset.val_size, max(batch, self.settings.eval_batch_size), replicas)
-        return StepShapes(batch, eval_batch, tuple(x_train.shape[1:]), str(x_train.dtype), str(y_train.dtype))
+        return StepShapes(batch, (eval_batch,), tuple(x_train.shape[1:]), str(x_train.dtype), str(y_train.dtype))
 
     def prepare(self, spec: TrialSpec) -> bool:
         """Build ``spec``'s model and compile its steps for its shapes now, before its trial starts.
@@ -316,28 +310,24 @@ class TrialRunner:
         graph = apply_hparams(spec.architecture(), spec.hparams)
         key = compile_key(graph)
         shapes = self.step_shapes(graph, spec)
-        with self._state:
-            entry = self._prepared.get(key) or self.compiled.peek(key)
-            if key in self._preparing or (entry is not None and ahead_ready(entry.model, shapes)):
+        with self._ahead.state:
+            entry = self._ahead.peek(key) or self.compiled.peek(key)
+            if self._ahead.busy(key) or (entry is not None and ahead_ready(entry.model, shapes)):
                 return False
-            self._preparing.add(key)
+            kept = entry is not None and key in self.compiled  # a kept model gains a shape; it stays where it is
+            self._ahead.begin(key)
         try:
             if entry is None:
-                with self._keras_lock:
+                with self._ahead.keras_lock:
                     model = self._build(graph, None)
                     self._compile(model)
                     install(model)
                 entry = CompiledModel.capture(key, model)
-            compile_ahead(entry.model, shapes, self._keras_lock)
-            with self._state:
-                if key not in self.compiled:
-                    self._prepared[key] = entry
-                    while len(self._prepared) > PREPARED_LIMIT:  # trials that never came: the oldest go
-                        self._prepared.pop(next(iter(self._prepared)))
-        finally:
-            with self._state:
-                self._preparing.discard(key)
-                self._state.notify_all()
+            compile_ahead(entry.model, shapes, self._ahead.keras_lock)
+        except BaseException:
+            self._ahead.finish(key, None)
+            raise
+        self._ahead.finish(key, None if kept else entry)
         return True
 
     def _batch_for(self, graph: Graph, spec: TrialSpec) -> int:

@@ -26,7 +26,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from aiperf.errors import AiperfError, excerpt, first_line
-from aiperf.families.language.trainer import PRECISIONS, LMData, LMTraining
+from aiperf.families.language.trainer import PRECISIONS, LMData, LMPlan, LMTraining, check_lm_trial, compiled_lm
+from aiperf.training.compile_ahead import Prepared, StepShapes, compile_ahead, install
 from aiperf.training.step_timing import CompileShares
 from aiperf.training.trial import TrialSpec
 from nas.errors import NasError
@@ -65,6 +66,7 @@ class LMRunnerSettings:
     jit_compile: bool | str  # "auto" | True | False, to Keras's compile
     steps_per_epoch: int
     eval_windows: int
+    compile_ahead: bool = False  # train.compile_ahead where the backend can (JAX: aiperf.training.compile_ahead)
 
 
 class LanguageSource(Protocol):
@@ -74,6 +76,14 @@ class LanguageSource(Protocol):
     def streaming(self) -> bool: ...
 
     def windows(self) -> LMData: ...
+
+
+def lm_step_shapes(plan: LMPlan) -> StepShapes:
+    """A language trial's step inputs: sequences of token ids and their next tokens, training and evaluation batches
+    (the evaluation's last one partial when the windows do not fill whole batches)."""
+    windows, batch = plan.eval_windows, plan.batch_size
+    evals = (min(batch, windows),) + ((windows % batch,) if windows > batch and windows % batch else ())
+    return StepShapes(batch, evals, (plan.seq_len,), "int32", "int32", (plan.seq_len,), evaluate=True)
 
 
 def lm_spec_of(spec: TrialSpec, graph: Any, what: str) -> TransformerSpec:
@@ -120,6 +130,43 @@ class LMTrialRunner:
         self.precision = lm_precision(settings.precision)
         self.data = dataset.windows()
         self.last_training: LMTraining | None = None  # the most recent trial, for inspection (tests)
+        self._ahead: Prepared[Any] = Prepared()  # trials' models compiled ahead, by trial id
+
+    def _plan(self, spec: TrialSpec, arch: TransformerSpec) -> LMPlan:
+        return check_lm_trial(
+            arch,
+            spec.hparams,
+            epochs=None,
+            steps_per_epoch=self.settings.steps_per_epoch,
+            eval_windows=self.settings.eval_windows,
+            precision=self.precision,
+            seed=spec.seed,
+        )
+
+    def prepare(self, spec: TrialSpec) -> bool:
+        """Build ``spec``'s model, compile it for its plan and compile its train and evaluation steps, before
+        its trial starts (the worker's compile thread, while the trial before trains; as TrialRunner.prepare).
+
+        A language trial's model is its own (its optimizer's schedule is the trial's), so it is kept
+        by trial id and only for that trial. Returns whether anything was compiled.
+        """
+        if not self.settings.compile_ahead:
+            return False
+        with self._ahead.state:
+            if self._ahead.busy(spec.trial_id) or self._ahead.peek(spec.trial_id) is not None:
+                return False
+            self._ahead.begin(spec.trial_id)
+        model = None
+        try:
+            arch = lm_spec_of(spec, spec.graph, "the architecture")
+            plan = self._plan(spec, arch)
+            with self._ahead.keras_lock:
+                model = compiled_lm(arch, plan, self.settings.jit_compile)
+                install(model)
+            compile_ahead(model, lm_step_shapes(plan), self._ahead.keras_lock)
+        finally:
+            self._ahead.finish(spec.trial_id, model)
+        return True
 
     def start_weights(
         self,
@@ -155,23 +202,29 @@ class LMTrialRunner:
 
         t0 = time.perf_counter()
         self.last_training = None  # nothing may keep the previous trial's model
-        # A long-lived worker builds a model per trial: Keras's global state (layer-name counters,
-        # TensorFlow's graph) would otherwise grow with every one.
-        keras.backend.clear_session()
+        with self._ahead.state:
+            prepared, compile_wait_s = self._ahead.wait_and_take(spec.trial_id)
         arch = lm_spec_of(spec, spec.graph, "the architecture")
         start = self.start_weights(spec, parent_weights, resume_weights)
-        training = LMTraining(
-            arch,
-            spec.hparams,
-            self.data,
-            weights=start,
-            steps_per_epoch=self.settings.steps_per_epoch,
-            eval_windows=self.settings.eval_windows,
-            precision=self.precision,
-            seed=spec.seed,
-            jit_compile=self.settings.jit_compile,
-            start_epoch=spec.start_epoch,
-        )
+        with self._ahead.keras_lock:
+            # A long-lived worker builds a model per trial: Keras's global state (layer-name counters,
+            # TensorFlow's graph) would otherwise grow with every one.
+            keras.backend.clear_session()
+            training = LMTraining(
+                arch,
+                spec.hparams,
+                self.data,
+                weights=start,
+                steps_per_epoch=self.settings.steps_per_epoch,
+                eval_windows=self.settings.eval_windows,
+                precision=self.precision,
+                seed=spec.seed,
+                jit_compile=self.settings.jit_compile,
+                start_epoch=spec.start_epoch,
+                model=prepared,
+            )
+            if self.settings.compile_ahead and prepared is None:
+                install(training.model)
         startup_s = time.perf_counter() - t0  # lineage replay, windows, build and compile
         self.last_training = training
         plan = training.plan
@@ -207,6 +260,7 @@ class LMTrialRunner:
                 "steps": record.steps,
                 "input": "stream" if self.dataset.streaming else "memory",
                 "compile_s": compile_share,
+                "compile_wait_s": compile_wait_s if record.epoch == spec.start_epoch + 1 else None,
             }
             if spec.checkpoint_every_epoch and record.epoch < plan.epochs:
                 item["weights"] = weights
@@ -218,7 +272,7 @@ class LMTrialRunner:
             "startup_s": startup_s,
             "first_step_s": first_step_s,
             "compile_s": None if first_step_s is None else compiles.total(),
-            "step_reused": False,
+            "step_reused": prepared is not None,
             "best_val_acc": best,
             "batch_size": plan.batch_size,
             "requested_batch_size": plan.batch_size,

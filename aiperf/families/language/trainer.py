@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from aiperf.errors import AiperfError, excerpt
-from aiperf.families.language.model import LOG2E, build_lm, lm_weights_from_keras
+from aiperf.families.language.model import LOG2E, build_lm, lm_weights_from_keras, lm_weights_to_keras
 from aiperf.training.backend import seed_trial
 from aiperf.training.step_timing import compile_overhead
 from nas.errors import NasError
@@ -507,6 +507,20 @@ def _evaluate(model: Any, x: np.ndarray, y: np.ndarray, batch: int) -> float:
     return loss
 
 
+def compiled_lm(spec: TransformerSpec, plan: LMPlan, jit_compile: bool | str, weights: Weights | None = None) -> Any:
+    """``spec``'s Keras model compiled for ``plan`` (its AdamW and schedule), its optimizer built (not stepped)."""
+    import keras
+
+    model = build_lm(spec, weights, dtype_policy=None if plan.precision == "float32" else plan.precision)
+    model.compile(
+        optimizer=make_optimizer(plan),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        jit_compile=jit_compile,
+    )
+    model.optimizer.build(model.trainable_variables)
+    return model
+
+
 class LMTraining:
     """A trial checked, built and compiled, trained one epoch at a time by :meth:`train`.
 
@@ -536,9 +550,8 @@ class LMTraining:
         seed: int,
         jit_compile: bool | str = "auto",
         start_epoch: int = 0,
+        model: Any | None = None,
     ) -> None:
-        import keras
-
         t0 = time.perf_counter()
         plan = check_lm_trial(
             spec,
@@ -578,13 +591,11 @@ class LMTraining:
 
         seed_trial(plan.seed % (2**31))
         start = dict(weights) if weights is not None else init_weights(spec, plan.seed)
-        self.model = build_lm(spec, start, dtype_policy=None if plan.precision == "float32" else plan.precision)
-        self.model.compile(
-            optimizer=make_optimizer(plan),
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-            jit_compile=jit_compile,
-        )
-        self.model.optimizer.build(self.model.trainable_variables)
+        if model is None:
+            self.model = compiled_lm(spec, plan, jit_compile, start)
+        else:  # built and compiled ahead for this trial (LMTrialRunner.prepare), its optimizer never stepped
+            lm_weights_to_keras(model, start)
+            self.model = model
         self.model.optimizer.iterations.assign(self.start_epoch * plan.steps_per_epoch)
         self.startup_seconds = time.perf_counter() - t0
         self.first_step_seconds: float | None = None  # the first trained epoch's first step, compilation included
