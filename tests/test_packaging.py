@@ -152,3 +152,21 @@ def test_master_never_imports_the_model_builder_or_a_framework():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), timeout=60)
     assert proc.stdout.strip() == "[]", proc.stdout + proc.stderr
+
+
+def test_no_test_folder_shadows_a_subpackage():
+    """pytest puts tests/ on sys.path, so tests/nas/language/ (no __init__.py) is a namespace portion of
+    the name `nas.language`; under setuptools' editable finder (what `pip install -e .` makes on a clean
+    checkout) it won the import and 38 test modules failed to collect in CI. A test folder may share a
+    top-level package's name, never the path of one of its sub-packages."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    clashes = [
+        str(folder.relative_to(root))
+        for folder in (root / "tests").rglob("*")
+        if folder.is_dir()
+        and len(folder.relative_to(root / "tests").parts) > 1
+        and (root / folder.relative_to(root / "tests") / "__init__.py").is_file()
+    ]
+    assert clashes == []
