@@ -106,6 +106,7 @@ class TrialState:
     inherit: str | None = None  # the trial whose weights it actually starts from
     sent_parent: str | None = None  # the kept trial whose weights the current attempt was sent (it may not get them)
     started_t: float | None = None  # the master's clock when its current attempt began on its worker
+    aimed_at: float | None = None  # the share of the budget whose size band it was proposed for
 
     @property
     def compile_key(self) -> str:
@@ -356,10 +357,11 @@ class Master:
     def _new_trial(self) -> TrialState:
         trial_id = f"t{next(self._ids):05d}"
         self.proposed += 1
-        self.proposer.at(self._training_progress())
+        aimed_at = min(1.0, self._training_progress())
+        self.proposer.at(aimed_at)
         proposal = self.proposer.ask(trial_id)
         seed = self.settings.seed * 100_003 + self.proposed
-        state = TrialState(trial_id, proposal, self.family.prepare(proposal), seed)
+        state = TrialState(trial_id, proposal, self.family.prepare(proposal), seed, aimed_at=aimed_at)
         self._last_work = self._work(state)
         self.trials[trial_id] = state
         if logger.isEnabledFor(logging.INFO):
@@ -646,6 +648,7 @@ class Master:
                 attempt=state.attempt,
                 start_epoch=state.epochs_done if state.checkpoint is not None else 0,
                 seed=state.seed,  # the trial's training seed: `aiperf audit --retrain` trains it again
+                aimed_at=state.aimed_at,
                 weights_lost=lost or None,
                 info=p.info,
             )

@@ -455,6 +455,9 @@ class TrialStartRecord(Record):
     attempt: Count = 0
     start_epoch: Count = 0
     seed: Annotated[int, Field(ge=-MAX_COUNT, le=MAX_COUNT)] | None = None  # training seed (`aiperf audit --retrain`)
+    # The share of the time budget whose size band the trial was proposed for: when its training was
+    # expected to end (absent before 2026-12-07).
+    aimed_at: Fraction | None = None
     weights_lost: str | None = None  # weights sent that could not be fetched (their node is gone): what it started from
     info: dict[str, Any] = {}
 

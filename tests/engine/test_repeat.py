@@ -65,7 +65,9 @@ def test_repeat_runs_distinct_seeds_and_states_their_spread(tmp_path):
         [seed] = [s for s in first.values() if s.kind == "seed"]
         f0 = float(seed.flops.train_per_image)
         schedule = SizeSchedule(f0, 4 * f0, 1.4)
-        for start in first.values():  # proposed before its record was written, so at a band no higher
+        for start in first.values():
+            # Proposed for the band of the moment its training was expected to end, which it records.
             flops = float(start.flops.train_per_image) * (1 - 1e-3)  # counted at the trial's batch, not the plan's
-            assert schedule.admits(flops, float(start.t) / BUDGET_S), start.trial
+            assert start.aimed_at is not None, start.trial
+            assert schedule.admits(flops, start.aimed_at), start.trial
         assert max(float(s.flops.train_per_image) for s in first.values()) > f0  # the networks did grow

@@ -133,7 +133,15 @@ def test_check_result_lines_are_inert(tmp_path):
 
 
 def test_figures_draw_names_literally():
-    epochs = pd.DataFrame({"t": [1.0, 2.0, 3.0], "node": ["a", "a", "b"], "ops": [1e9, 2e9, 3e9]})
+    epochs = pd.DataFrame(
+        {
+            "t": [1.0, 2.0, 3.0],
+            "node": ["a", "a", "b"],
+            "ops": [1e9, 2e9, 3e9],
+            "train_s": [0.5] * 3,
+            "eval_s": [0.1] * 3,
+        }
+    )
     workers = pd.DataFrame({"worker": ["$x_$", "_w"], "node": ["a", "b"], "busy_fraction": [0.5, 0.7]})
     with pytest.raises(ValueError):  # what the report died of: mathtext parses a $...$ name
         plots.ops_per_node.__wrapped__(epochs, {"a": "$x_$", "b": "b"})

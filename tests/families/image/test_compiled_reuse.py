@@ -338,7 +338,7 @@ import json, sys
 backend, cache = sys.argv[1], sys.argv[2]
 from aiperf.training.backend import configure_process
 configure_process(backend, 1, cache)
-sys.path[:0] = ["tests", "tests/training"]  # helpers, and this module
+sys.path[:0] = ["tests", "tests/families/image"]  # helpers, and this module
 from test_compiled_reuse import reuse_trials
 print("RESULT " + json.dumps(reuse_trials(backend)))
 """
