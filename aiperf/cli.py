@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import errno
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -407,11 +408,30 @@ def _cmd_package(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Terminated(Exception):
+    """SIGTERM while a command holds children and temporary files: it unwinds as from Ctrl-C (exit 143)."""
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds() -> Any:
+    """SIGTERM raises :class:`_Terminated` here, so the audits a check started are killed and its copy removed."""
+
+    def stop(signum: int, frame: object) -> None:
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _cmd_check(args: argparse.Namespace) -> int:
     """Exit 0 accepted, 1 findings (one line each, all of them), 2 not a readable package."""
     from aiperf.submission.check import check_package
 
-    result = check_package(Path(args.package_dir), retrain=args.retrain, sample=args.sample)
+    with _sigterm_unwinds():
+        result = check_package(Path(args.package_dir), retrain=args.retrain, sample=args.sample)
     print(result.format(Path(args.package_dir)), file=_stdout())
     return 0 if result.accepted else 1
 
@@ -419,7 +439,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
 def _cmd_list(args: argparse.Namespace) -> int:
     from aiperf.submission.listing import make_list
 
-    print(make_list(args.dirs, args.by, csv_path=args.csv, md_path=args.md, html_path=args.html), file=_stdout())
+    with _sigterm_unwinds():
+        table = make_list(args.dirs, args.by, csv_path=args.csv, md_path=args.md, html_path=args.html)
+    print(table, file=_stdout())
     return 0
 
 
@@ -551,6 +573,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         _error("aiperf: interrupted")
         return 130
+    except _Terminated:
+        _error("aiperf: terminated (SIGTERM); the children it started are stopped, its temporary files removed")
+        return 143
     except SystemExit as exc:
         return int(exc.code) if isinstance(exc.code, int) else 2
     except MemoryError:

@@ -6,7 +6,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import REPO, aiperf_cmd, cli_env, simulated_run
+from helpers import REPO, aiperf_cmd, cli_env, made_once, simulated_run
 
 SMOKE_RUN_BOUNDS = ("--set", "run.max_trials=8", "--set", "run.time_budget_s=300")
 
@@ -20,7 +20,10 @@ def smoke_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     Its search runs in processes of its own (``search.processes=1``: the expansions, and TPE),
     as a large machine's does, so the tests of every real run go through them.
     """
-    results = tmp_path_factory.mktemp("smoke-results")
+    return made_once(tmp_path_factory, "smoke-results", _smoke_run)
+
+
+def _smoke_run(results: Path) -> tuple[Path, subprocess.CompletedProcess]:
     proc = subprocess.run(
         aiperf_cmd(
             "run",
@@ -47,7 +50,7 @@ def smoke_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
 @pytest.fixture(scope="session")
 def sim_run(tmp_path_factory) -> Path:
     """One simulated run shared by the results tests; tests must not modify it (copy it first)."""
-    return simulated_run(tmp_path_factory.mktemp("sim") / "run")
+    return made_once(tmp_path_factory, "sim", lambda folder: simulated_run(folder / "run"))
 
 
 TINY_IMAGENET = {"classes": 4, "train_per_class": 24, "val_per_class": 6, "min_side": 12, "max_side": 48, "bad": 2}
@@ -59,6 +62,9 @@ def imagenet_tree(tmp_path_factory) -> Path:
     shards in ``tfrecord/`` (a few seconds); tests must not modify it (copy it first)."""
     from aiperf.datasets.generate import GenerateSpec, generate_imagenet
 
-    root = tmp_path_factory.mktemp("imagenet") / "tree"
-    generate_imagenet(root, GenerateSpec(**TINY_IMAGENET, to_tfrecord=True, train_shards=3, val_shards=2))
-    return root
+    def make(folder: Path) -> Path:
+        spec = GenerateSpec(**TINY_IMAGENET, to_tfrecord=True, train_shards=3, val_shards=2)
+        generate_imagenet(folder / "tree", spec)
+        return folder / "tree"
+
+    return made_once(tmp_path_factory, "imagenet", make)

@@ -193,3 +193,34 @@ def page_health(html_path, tmp_path):
     images = re.search(r'data-images="(\d+)/(\d+)"', dom)
     caught = re.search(r'data-errors="([^"]*)"', dom)
     return ready, images.groups() if images else None, (caught.group(1) if caught else None), console_errors
+
+
+def made_once(tmp_path_factory, name: str, make):
+    """``make(folder)`` run once per test session even when pytest-xdist splits it across processes.
+
+    Without xdist it runs here. With it, the first worker to ask makes it under a file lock in the
+    folder all workers share, and the others read what it returned (pickled beside it): each
+    session fixture that starts a real run (40-70 s on 2 cores) is paid once, not once per worker.
+    A ``make`` that fails leaves nothing behind, so the next worker to ask tries again and fails
+    the same way.
+    """
+    import pickle
+
+    from filelock import FileLock
+
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return make(tmp_path_factory.mktemp(name))
+    shared = tmp_path_factory.getbasetemp().parent  # the session's folder, above each worker's own
+    done = shared / f"{name}.pickle"
+    with FileLock(str(shared / f"{name}.lock")):
+        if done.is_file():
+            return pickle.loads(done.read_bytes())
+        folder = shared / name
+        if folder.exists():  # a make that failed in another worker
+            import shutil
+
+            shutil.rmtree(folder)
+        folder.mkdir()
+        value = make(folder)
+        done.write_bytes(pickle.dumps(value))
+        return value

@@ -20,6 +20,7 @@ rules and their reasons are in docs/results.md, "Energy".
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import math
@@ -29,7 +30,6 @@ import shlex
 import signal
 import subprocess
 import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, NotRequired, TypedDict
@@ -172,35 +172,33 @@ def run_meter(argv: Sequence[str], timeout_s: float, reading: str) -> float:
         raise ValueError(f"cannot start {Path(argv[0]).name} ({exc.strerror or exc})") from None
     assert proc.stdout is not None
     chunks: list[bytes] = []
-    deadline = time.monotonic() + timeout_s
     reader = threading.Thread(target=lambda: chunks.append(proc.stdout.read(METER_OUTPUT_BYTES + 1)), daemon=True)  # type: ignore[union-attr]
     reader.start()
-    reader.join(timeout_s)
     try:
-        if reader.is_alive():
-            raise ValueError(f"gave no complete reading within {timeout_s:g} s")
-        data = chunks[0] if chunks else b""
-        if len(data) > METER_OUTPUT_BYTES:
-            raise ValueError(f"printed more than {METER_OUTPUT_BYTES} bytes")
-        try:
-            status = proc.wait(max(0.01, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            raise ValueError(f"did not exit within {timeout_s:g} s") from None
-        if status != 0:
-            raise ValueError(f"exited with status {status}")
-        return parse_meter_output(data, reading)
+        status: int | None = proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        status = None
     finally:
-        if proc.poll() is None:
-            _kill_session(proc)
+        # Its whole session, every time: a child it left running in the background ("echo 100;
+        # sleep 301 &") would hold the pipe open, and outlive the run as an orphan.
+        _kill_session(proc)
         reader.join(1.0)
         proc.stdout.close()
+    data = chunks[0] if chunks else b""
+    if len(data) > METER_OUTPUT_BYTES:
+        raise ValueError(f"printed more than {METER_OUTPUT_BYTES} bytes")
+    if status is None:
+        raise ValueError(f"did not exit within {timeout_s:g} s")
+    if status != 0:
+        raise ValueError(f"exited with status {status}")
+    return parse_meter_output(data, reading)
 
 
 def _kill_session(proc: subprocess.Popen[bytes]) -> None:
-    """Kill the meter and whatever it started (its own session, so nothing else)."""
-    try:
+    """Kill the meter and whatever it started (its own session, so nothing else); none left is fine."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
+    if proc.poll() is None:
         proc.kill()
     try:
         proc.wait(2.0)

@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -103,6 +105,46 @@ def check_package(path: Path, *, retrain: int = 0, sample: int | None = None) ->
     return result
 
 
+def audit_options(options: dict[str, Any]) -> tuple[int, int, float]:
+    """A stored audit's (sample, seed, speed factor), each within its flag's range; AiperfError naming the first
+    that is not (a forged ``"sample": NaN`` or ``1e999`` once ended the check in an unexpected error)."""
+    from aiperf.cli_limits import AUDIT_SAMPLE, AUDIT_SEED, SPEED_FACTOR
+
+    values: list[int | float] = []
+    for name, default, limit in (("sample", 4, AUDIT_SAMPLE), ("seed", 0, AUDIT_SEED), ("speed_factor", 4.0, None)):
+        value = options.get(name, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise AiperfError(f"its {name} is not a number, got {excerpt(value)}")
+        if limit is None:
+            values.append(SPEED_FACTOR.check(float(value), "its "))
+        elif isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+            raise AiperfError(f"its {name} is not a whole number, got {excerpt(value)}")
+        else:
+            values.append(limit.check(int(value), "its "))
+    sample, seed, speed = values
+    return int(sample), int(seed), float(speed)
+
+
+def run_in_session(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``command``'s output and exit code; it runs in a session of its own, killed whole should the check stop.
+
+    An audit starts processes of its own; a check stopped by Ctrl-C or SIGTERM kills them all
+    (and removes its temporary copy of the runs) instead of leaving them training.
+    """
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
+    try:
+        out, err = proc.communicate()
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.kill()
+        proc.wait()
+        raise
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
 class _Checker:
     def __init__(self, package: Path, result: CheckResult, work: Path, retrain: int, sample: int | None) -> None:
         assert result.index is not None
@@ -117,6 +159,7 @@ class _Checker:
         self.kinds: dict[str, list[dict[str, Any]]] = {}
         self.mllog_config: Path | None = None
         self.run_ids: dict[str, str] = {}
+        self.checked: set[str] = set()  # runs checked so far: a run listed twice is checked (and audited) once
 
     def add(self, check: str, text: str) -> None:
         self.result.add(check, text)
@@ -141,6 +184,8 @@ class _Checker:
             self._system(system)
         if not self.index.entries:
             self.add("layout", f"{layout.PACKAGE_JSON}: no entries: the package holds no run")
+        if sum(len(entry.runs) for entry in self.index.entries) > layout.MAX_RUNS:
+            return  # a finding already: no run is audited past the bound (each costs an audit)
         for entry in self.index.entries:
             self._entry(entry)
 
@@ -229,6 +274,10 @@ class _Checker:
         config = self._config(entry)
         facts: list[tuple[str, RunFacts]] = []
         for run in entry.runs:
+            if run in self.checked:
+                self.add("layout", f"{layout.PACKAGE_JSON}: run {excerpt(run)} is listed twice (checked once)")
+                continue
+            self.checked.add(run)
             path = layout.inside(self.package, run)
             if path is None or not any(name.startswith(f"{run}/") for name in self.files):
                 if path is None:
@@ -371,20 +420,19 @@ class _Checker:
                 target = copy / name[len(run) + 1 :]
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(path / name[len(run) + 1 :], target, follow_symlinks=False)
-        options = audit.options
-        sample = self.sample if self.sample is not None else options.get("sample", 4)
-        seed = options.get("seed", 0)
-        speed = options.get("speed_factor", 4.0)
-        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (sample, seed, speed)):
-            self.add("audit", f"{run}/audit.json: its options are not numbers")
+        try:
+            sample, seed, speed = audit_options(audit.options)
+        except AiperfError as exc:
+            self.add("audit", f"{run}/audit.json: {exc}")
             return
-        command = [sys.executable, "-m", "aiperf.cli", "audit", str(copy), "--sample", str(int(sample))]
-        command += ["--seed", str(int(seed)), "--retrain", str(self.retrain), "--speed-factor", str(float(speed))]
+        sample = self.sample if self.sample is not None else sample
+        command = [sys.executable, "-m", "aiperf.cli", "audit", str(copy), "--sample", str(sample)]
+        command += ["--seed", str(seed), "--retrain", str(self.retrain), "--speed-factor", str(speed)]
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH")) if p
         )
-        proc = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+        proc = run_in_session(command, env)
         again: dict[str, Any] = {}
         with contextlib.suppress(OSError, ValueError):
             again = json.loads((copy / "audit.json").read_text())

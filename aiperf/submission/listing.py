@@ -23,6 +23,7 @@ from typing import Any
 
 from aiperf.errors import AiperfError, excerpt, first_line, os_error
 from aiperf.ledger.files import write_atomic
+from aiperf.ledger.inert import HIDDEN_CATEGORIES
 from aiperf.metrics.score import format_ops, format_percent
 from aiperf.results.summary import MAX_SUMMARY_BYTES, SUMMARY_NAME, format_rate
 from aiperf.submission.layout import (
@@ -177,7 +178,7 @@ def plain(value: object, limit: int | None = TEXT_CHARS) -> str:
     """A string from a package made safe for a terminal or a Markdown cell: no control or format
     characters (escape sequences, bidirectional overrides), cut to ``limit``."""
     text = "" if value is None else str(value)
-    text = "".join("?" if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") else c for c in text)
+    text = "".join("?" if unicodedata.category(c) in HIDDEN_CATEGORIES else c for c in text)
     return text if limit is None or len(text) <= limit else text[: limit - 3] + "..."
 
 

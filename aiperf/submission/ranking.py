@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from aiperf.ledger.inert import inert
 from aiperf.metrics.repeats import Spread, spread
 from aiperf.metrics.workloads import OFFICIAL_WORKLOAD
 
@@ -72,6 +73,14 @@ class Row:
     rank: int | None = None
     note: str | None = None
 
+    def __post_init__(self) -> None:
+        # Every text here came from a package (a description, a summary, a folder's name) or names one:
+        # made inert once, so no table, CSV, Markdown or page written from it carries a control
+        # character, a bidirectional override or a lone surrogate (which no file encoding can write).
+        for name, value in vars(self).items():
+            if isinstance(value, str) and not value.isprintable():
+                object.__setattr__(self, name, inert(value))
+
     @property
     def runs_text(self) -> str:
         cv = self.ops.cv if self.ops is not None else None
@@ -96,6 +105,13 @@ def _number(value: object) -> float | None:
         return None
     number = float(value)
     return number if math.isfinite(number) else None
+
+
+def _declared_count(value: object) -> float | None:
+    """A count a description gives as text ("16"): ASCII digits only ("²" is a digit to Python), at most 9 of them."""
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 9:
+        return float(value)
+    return None
 
 
 def _text(value: object) -> str | None:
@@ -224,8 +240,7 @@ def combine_runs(
     ops_per_watt, level = _energy(summaries)
     nodes = _number(_section(summaries[0], "devices").get("nodes")) if summaries else None
     if nodes is None:
-        declared = description.get("number_of_nodes")
-        nodes = float(declared) if isinstance(declared, str) and declared.isdigit() else None
+        nodes = _declared_count(description.get("number_of_nodes"))
     rpeaks = [_number(e.get("rpeak_flops")) for e in efficiency]
     return Row(
         package=package,

@@ -179,9 +179,29 @@ def test_a_hung_meter_is_killed_at_its_timeout_with_its_children(tmp_path):
     started = time.monotonic()
     reading = SiteMeter(_spec(command, timeout_s=3.0)).read()  # long enough for a loaded box to start both
     assert time.monotonic() - started < 6.0
-    assert reading["error"] == "gave no complete reading within 3 s"
+    assert reading["error"] == "did not exit within 3 s"
     for pid in map(int, pids.read_text().split()):
         assert _gone_within(pid, 5.0), f"process {pid} of the hung meter is still alive"
+
+
+def test_a_meter_that_leaves_a_child_in_the_background_is_read_and_the_child_killed(tmp_path):
+    """``echo 100; sleep 301 &``: the meter printed its reading and exited, but the child it left holds the
+    pipe open. Its reading counts (it is the meter's), and the child does not outlive it (issue 45, case 12)."""
+    pids = tmp_path / "pids"
+    command = _meter_script(
+        tmp_path,
+        f"""
+        import subprocess
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(301)"])
+        open({str(pids)!r}, "w").write(str(child.pid))
+        print(100, flush=True)
+        os._exit(0)
+        """,
+    )
+    started = time.monotonic()
+    assert SiteMeter(_spec(command, timeout_s=3.0)).read()["power_w"] == 100.0
+    assert time.monotonic() - started < 3.0  # read when the meter exited, not at its timeout
+    assert _gone_within(int(pids.read_text()), 5.0), "the meter's background child is still alive"
 
 
 def _gone_within(pid: int, seconds: float) -> bool:

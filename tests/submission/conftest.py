@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import REPO, aiperf_cmd, cli_env, run_cli
+from helpers import REPO, aiperf_cmd, cli_env, made_once, run_cli
 from submission_fixtures import AUDIT_SAMPLE, SITE, SMOKE_RUN_BOUNDS
 
 
@@ -22,8 +22,11 @@ def _check(proc: subprocess.CompletedProcess, what: str) -> None:
 @pytest.fixture(scope="session")
 def two_smoke_runs(tmp_path_factory) -> list[Path]:
     """Two complete smoke runs (seeds 0 and 1, bounded as ``smoke_run``), each audited (``aiperf audit --sample 2``)."""
-    results = tmp_path_factory.mktemp("submission-runs")
-    runs = []
+    return made_once(tmp_path_factory, "submission-runs", _two_smoke_runs)
+
+
+def _two_smoke_runs(results: Path) -> list[Path]:
+    runs: list[Path] = []
     for seed in (0, 1):
         proc = subprocess.run(
             aiperf_cmd(
@@ -42,7 +45,10 @@ def two_smoke_runs(tmp_path_factory) -> list[Path]:
 @pytest.fixture(scope="session")
 def system_json(tmp_path_factory) -> Path:
     """``aiperf system --config smoke --site site.yaml -o system.json`` on this machine (Ray, ~10 s)."""
-    folder = tmp_path_factory.mktemp("system")
+    return made_once(tmp_path_factory, "system", _system_json)
+
+
+def _system_json(folder: Path) -> Path:
     site = folder / "site.yaml"
     site.write_text(json.dumps(SITE))  # JSON is YAML
     out = folder / "system.json"
@@ -53,7 +59,11 @@ def system_json(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def package_dir(tmp_path_factory, two_smoke_runs, system_json) -> Path:
     """``aiperf package RUN1 RUN2 --system system.json -o DIR`` (and ``DIR.tar.gz`` beside it)."""
-    out = tmp_path_factory.mktemp("package") / "example-smoke"
-    proc = run_cli("package", *map(str, two_smoke_runs), "--system", str(system_json), "-o", str(out), timeout=300)
-    _check(proc, "aiperf package")
-    return out
+
+    def make(folder: Path) -> Path:
+        out = folder / "example-smoke"
+        proc = run_cli("package", *map(str, two_smoke_runs), "--system", str(system_json), "-o", str(out), timeout=300)
+        _check(proc, "aiperf package")
+        return out
+
+    return made_once(tmp_path_factory, "package", make)

@@ -507,3 +507,38 @@ def test_a_tampered_package_is_listed_below_with_its_finding(package_dir, tmp_pa
     lines = table.splitlines()
     assert lines[1].startswith("1 ") and lines[2].startswith("- ") and lines[2].rstrip().endswith("rejected")
     assert re.search(r"rejected: .*summary\.json", table), table
+
+
+# --- hostile descriptions (issue 45, cases 3, 4 and 14) --------------------------------------------
+
+
+@pytest.mark.parametrize("nodes", ["²", "٣", "9" * 400, "1e3", "-1", " 4"])
+def test_a_node_count_that_is_not_plain_digits_is_no_count(nodes):
+    """ "²" and "٣" are digits to str.isdigit (float() refuses the first); 400 nines overflow int()."""
+    description = {**describe("odd"), "number_of_nodes": nodes}
+    assert combine_runs("pkg", "odd", "smoke", [{}], description, True).nodes is None
+    assert combine_runs("pkg", "odd", "smoke", [{}], {**description, "number_of_nodes": "12"}, True).nodes == 12
+
+
+HOSTILE_TEXT = "A\ud800B\x1b[2K\x1b]0;title\x07C\u202eD\rverified\u2028E"
+
+
+def test_hostile_text_in_a_description_reaches_no_output_raw(tmp_path):
+    """A lone surrogate (no encoding can write it: every format died), terminal escapes, BEL, a bidi
+    override, CR and a line separator, in the names a package gives and in a package folder's own
+    name (a path not in UTF-8 decodes to surrogates): each output is written, none holds them raw."""
+    description = {**describe(HOSTILE_TEXT, submitter=HOSTILE_TEXT, site=HOSTILE_TEXT)}
+    folder = "pkg-\udcff" + HOSTILE_TEXT
+    rows = rank_rows([combine_runs(folder, "sys", "smoke", [summary()], description, True)], "ops")
+    raw = ("\ud800", "\udcff", "\x1b", "\x07", "\u202e", "\r", "\u2028")
+    outputs = {
+        "csv": format_csv(rows),
+        "md": listing.format_markdown(rows, "ops"),
+        "html": render_list_page(rows, "ops", [folder]),
+        "table": listing.format_table(rows, "ops"),
+    }
+    for name, text in outputs.items():
+        assert not [c for c in raw if c in text], name
+        listing.write_text(tmp_path / f"list.{name}", text)
+    [record] = pd.read_csv(tmp_path / "list.csv").to_dict("records")
+    assert record["system"] == "A\\ud800B\\x1b[2K\\x1b]0;title\\x07C\\u202eD\\rverified\\u2028E"  # shown, escaped

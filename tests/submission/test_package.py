@@ -12,12 +12,18 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
+import signal
+import subprocess
 import tarfile
+import time
 from pathlib import Path
 
+import pandas as pd
+import psutil
 import pytest
-from helpers import run_cli
+from helpers import REPO, aiperf_cmd, cli_env, run_cli
 from submission_fixtures import AUDIT_SAMPLE, SYSTEM
 
 from aiperf import cli
@@ -517,3 +523,94 @@ def test_a_description_is_checked_against_its_own_measurements_and_the_site_rule
     path.write_text(json.dumps(edited))
     problems = description_problems(path, edited, "Example-Cluster-CI")
     assert problems == ["host_processor_core_count says '512' but its measured node kinds give '2'"]
+
+
+# --- hostile packages that once crashed or stalled the check (issue 45, cases 1, 2, 7 and 13) -----
+
+
+@pytest.mark.parametrize(
+    ("options", "why"),
+    [
+        ({"sample": float("nan")}, "its sample is not a whole number, got nan"),
+        ({"sample": 1e999}, "its sample is not a whole number, got inf"),
+        ({"sample": 4.5}, "its sample is not a whole number"),
+        ({"sample": True}, "its sample is not a number"),
+        ({"sample": "4"}, "its sample is not a number"),
+        ({"sample": -1}, "its --sample must be from 0 to 1,000,000"),
+        ({"sample": 10**9}, "its --sample must be from 0 to 1,000,000"),
+        ({"seed": 2**40}, "its --seed must be from 0"),
+        ({"speed_factor": float("inf")}, "its --speed-factor must be a number from 1 to 1,000,000, got inf"),
+        ({"speed_factor": 0.5}, "its --speed-factor must be a number from 1"),
+    ],
+)
+def test_a_stored_audit_s_options_out_of_range_are_a_finding_not_a_crash(options, why):
+    from aiperf.submission.check import audit_options
+
+    with pytest.raises(AiperfError, match=re.escape(why)):
+        audit_options(options)
+    assert audit_options({"sample": 2.0, "seed": 7, "speed_factor": 3}) == (2, 7, 3.0)
+    assert audit_options({}) == (4, 0, 4.0)  # an audit made with the defaults stores none
+
+
+@pytest.mark.slow
+def test_a_package_over_the_run_bound_audits_nothing(package_dir, tmp_path):
+    """The bound on runs is where the checking stops: each run costs an audit (case 7: 120 runs were each
+    audited after the finding)."""
+    from aiperf.submission.check import check_package
+
+    pkg = copy_package(package_dir, tmp_path)
+
+    def swell(index: dict) -> None:
+        entry = index["entries"][0]
+        entry["runs"] = entry["runs"] * 30  # 60 runs
+        index["entries"].append(dict(entry))  # and 60 more: 120 in all, each entry within its own bound
+
+    edit_json(pkg / PACKAGE_JSON, swell)
+    reseal(pkg)
+    result = check_package(pkg)
+    assert any("120 runs, over the limit of 100" in f.text for f in result.findings)
+    assert result.runs == 0 and result.reevaluated == 0  # no run checked, none audited
+
+
+@pytest.mark.slow
+def test_a_run_listed_twice_is_a_finding_and_the_list_goes_on(package_dir, tmp_path):
+    """package.json naming one run twice (manifest re-hashed) ended check and list in 'File exists'."""
+    pkg = copy_package(package_dir, tmp_path)
+    edit_json(pkg / PACKAGE_JSON, lambda p: p["entries"][0]["runs"].append(p["entries"][0]["runs"][0]))
+    reseal(pkg)
+    rejected_for(pkg, f"run '{ENTRY}/run_1' is listed twice")
+    good = tmp_path / "good"
+    shutil.copytree(package_dir, good / "pkg", symlinks=True)
+    shutil.move(pkg, good / "forged")
+    proc = run_cli("list", str(good), "--csv", str(tmp_path / "list.csv"), timeout=900)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    verdicts = sorted(pd.read_csv(tmp_path / "list.csv")["verdict"])
+    assert verdicts == ["accepted", "rejected"]
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_check_with_its_audits_and_its_copy(package_dir, tmp_path):
+    """Case 13: SIGTERM during the audit left the temporary copy (weights included) and the audit training."""
+    work = tmp_path / "tmp"
+    work.mkdir()
+    env = {**cli_env(), "TMPDIR": str(work)}
+    proc = subprocess.Popen(aiperf_cmd("check", str(package_dir)), env=env, cwd=REPO, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    audits: list[psutil.Process] = []
+    while not audits and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+        audits = [p for p in psutil.Process(proc.pid).children(recursive=True) if "audit" in " ".join(_cmdline(p))]
+    assert audits, "the check never started an audit"
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143, stderr
+    assert "terminated (SIGTERM)" in stderr and "Traceback" not in stderr
+    assert psutil.wait_procs(audits, timeout=10)[1] == [], "an audit outlived the check"
+    assert list(work.iterdir()) == [], "the check's temporary copy is still there"
+
+
+def _cmdline(process: psutil.Process) -> list[str]:
+    try:
+        return process.cmdline()
+    except psutil.Error:
+        return []
