@@ -125,6 +125,33 @@ def audit_options(options: dict[str, Any]) -> tuple[int, int, float]:
     return int(sample), int(seed), float(speed)
 
 
+def declared_peak_problems(efficiency: object) -> list[str]:
+    """A site file's declared peak below what its devices were measured doing, or not a positive number.
+
+    A table or formula Rpeak below the measured ceiling is a note (turbo clocks beat the formula);
+    a declared one is the submitter's own figure, and a list ranking OPS over Rpeak would rank a
+    0.001 FLOP/s declaration first (issue 45, case 9).
+    """
+    devices = efficiency.get("by_device") if isinstance(efficiency, dict) else None
+    problems = []
+    for d in devices if isinstance(devices, list) else []:
+        if not isinstance(d, dict) or d.get("rpeak_source") != "declared":
+            continue
+        rpeak, ceiling, name = d.get("rpeak_flops"), d.get("ceiling_flops"), excerpt(d.get("device"))
+        if not _positive(rpeak):
+            problems.append(f"the declared peak of {name} is not a positive number ({excerpt(rpeak)})")
+        elif _positive(ceiling) and float(ceiling) > float(rpeak):
+            problems.append(
+                f"the declared peak of {name}, {float(rpeak):.4g} FLOP/s, is below its measured ceiling of"
+                f" {float(ceiling):.4g} FLOP/s: a peak is at least what the device was measured doing"
+            )
+    return problems
+
+
+def _positive(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
 def run_in_session(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """``command``'s output and exit code; it runs in a session of its own, killed whole should the check stop.
 
@@ -232,6 +259,9 @@ class _Checker:
                 self.add("layout", f"{name}: missing from the package")
         for name in sorted(set(self.files) - required - optional):
             folder, _, file = name.rpartition("/")
+            if file == layout.REPORT_PAGE and folder in runs:
+                self.add("layout", f"{name}: a package holds no report page; `aiperf report` makes it from the ledger")
+                continue
             weights = folder.endswith(f"/{layout.WEIGHTS_DIR}") and folder.rpartition("/")[0] in runs
             if not (weights and file.endswith(".npz")):
                 self.add("layout", f"{name}: not part of the package layout (docs/submission.md)")
@@ -376,11 +406,14 @@ class _Checker:
         """The rules, read from the summary ``aiperf verify`` has just recomputed and compared."""
         raw = self._read(f"{run}/summary.json", 16 * 2**20)
         try:
-            verdict = json.loads(raw or b"")["verdict"]
+            summary = json.loads(raw or b"")
+            verdict = summary["verdict"]
             headline = str(verdict.get("headline", ""))
         except (ValueError, KeyError, TypeError, AttributeError):
             self.add("rules", f"{run}/summary.json: no verdict")
             return
+        for problem in declared_peak_problems(summary.get("efficiency")):
+            self.add("system", f"{run}: {problem}")
         if verdict.get("valid") is not True:
             self.add("rules", f"{run}: not valid: {headline}")
         elif verdict.get("comparable") is not True:

@@ -6,7 +6,7 @@
       package.json                                  the index (:class:`PackageIndex`)
       systems/<system>.json                         the system description (``aiperf system``)
       results/<system>/<workload>/config.yaml       the config the entry's runs share
-      results/<system>/<workload>/run_<i>/          one run: ledger, summary, mllog, telemetry, audit, report, weights
+      results/<system>/<workload>/run_<i>/          one run: ledger, summary, mllog, telemetry, audit, weights
       MANIFEST.sha256                               ``<sha256>  <path>`` for every other file, sorted by path
 
 docs/submission.md describes it; :func:`read_package_json` is the one reader of ``package.json``.
@@ -35,7 +35,10 @@ RUN_PREFIX = "run_"
 
 # What a packaged run holds besides the weights its audit needs (weights/<trial>.npz).
 REQUIRED_RUN_FILES = ("ledger.jsonl", "summary.json", "mllog.txt", "audit.json")
-OPTIONAL_RUN_FILES = ("telemetry.jsonl", "report.html")
+OPTIONAL_RUN_FILES = ("telemetry.jsonl",)
+# A run's report.html stays out: a page is not evidence (the check cannot vouch for what it shows);
+# `aiperf report` makes one from the verified ledger.
+REPORT_PAGE = "report.html"
 WEIGHTS_DIR = "weights"
 
 # Bounds (docs/submission.md). A ResNet-50 weights file is about 100 MB, and an audit keeps the

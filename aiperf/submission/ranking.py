@@ -70,6 +70,7 @@ class Row:
     comparable: bool | None = None
     runs: int = 0
     caveat: str | None = None  # what its runs' verdicts noted beside the rules (a shared machine)
+    run_ids: tuple[str, ...] = ()  # its runs' run_id: one run is counted once across every package listed
     rank: int | None = None
     note: str | None = None
 
@@ -272,11 +273,31 @@ def combine_runs(
         comparable=_all_true(summaries, "comparable"),
         runs=len(summaries),
         caveat=_caveat(summaries),
+        run_ids=tuple(run_id for s in summaries if (run_id := _text(s.get("run_id")))),
     )
 
 
 def _workload_order(workload: str) -> tuple[int, str]:
     return (0 if workload == OFFICIAL_WORKLOAD else 1, workload)
+
+
+def _shared_runs(rows: list[Row]) -> dict[int, str]:
+    """Accepted rows holding a run another accepted row also holds (its run_id), and why each is not ranked.
+
+    A run is counted once: the same audited runs packaged twice would otherwise rank twice. Which
+    package is the runs' own is the list maintainer's to settle, so none of them is ranked.
+    """
+    holders: dict[str, list[Row]] = {}
+    for r in rows:
+        if r.accepted:
+            for run_id in dict.fromkeys(r.run_ids):
+                holders.setdefault(run_id, []).append(r)
+    why: dict[int, str] = {}
+    for run_id, held in holders.items():
+        for r in held if len(held) > 1 else ():
+            others = sorted({o.package for o in held if o is not r})
+            why.setdefault(id(r), f"run {run_id} is also in {', '.join(others)}: a run counts once")
+    return why
 
 
 def rank_rows(rows: Iterable[Row], by: str = "ops") -> list[Row]:
@@ -288,10 +309,11 @@ def rank_rows(rows: Iterable[Row], by: str = "ops") -> list[Row]:
         raise ValueError(f"unknown ranking key {by!r}")
     label = RANK_LABELS[by]
     rows = list(rows)
+    shared = _shared_runs(rows)
     out: list[Row] = []
     for workload in sorted({r.workload for r in rows if r.accepted}, key=_workload_order):
         mine = [r for r in rows if r.accepted and r.workload == workload]
-        rankable = [r for r in mine if r.comparable is not False and r.value(by) is not None]
+        rankable = [r for r in mine if r.comparable is not False and r.value(by) is not None and id(r) not in shared]
         rankable.sort(key=lambda r: (-(r.value(by) or 0.0), r.system, r.package))
         rank, previous = 0, None
         for i, r in enumerate(rankable, 1):
@@ -300,7 +322,7 @@ def rank_rows(rows: Iterable[Row], by: str = "ops") -> list[Row]:
             out.append(replace(r, rank=rank, note=r.caveat))
         ranked = {id(r) for r in rankable}
         for r in sorted((r for r in mine if id(r) not in ranked), key=lambda r: (r.system, r.package)):
-            why = "custom rules, not comparable" if r.comparable is False else f"{label} unknown"
+            why = shared.get(id(r)) or ("custom rules, not comparable" if r.comparable is False else f"{label} unknown")
             out.append(replace(r, rank=None, note=f"not ranked: {why}"))
     for r in sorted((r for r in rows if not r.accepted), key=lambda r: (r.package, r.system, r.workload)):
         out.append(replace(r, rank=None, note=f"rejected: {r.finding or 'no finding recorded'}"))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -19,6 +19,8 @@ from aiperf.errors import AiperfError, excerpt
 from aiperf.ledger.files import read_regular
 
 MAX_SITE_BYTES = 64 * 1024
+# FLOP/s per device: above zero, finite, and under 10^20 (a hundred thousand times an H200's dense bf16).
+PositivePeak = Annotated[float, Field(gt=0, lt=1e20, allow_inf_nan=False)]
 # MLCommons training rulesets from 4.0 accept only these availability values (system_desc_checker).
 STATUSES = ("Available on-premise", "Available cloud", "Research, Development, or Internal (RDI)", "Preview")
 DIVISIONS = ("closed", "open")
@@ -60,7 +62,8 @@ class SiteFile(BaseModel):
     sw_notes: str = Field("", max_length=4000)
     notes: str = Field("", max_length=4000)
     # Device model as `aiperf system` reports it -> precision -> FLOP/s per device (per core for a CPU).
-    declared_peak: dict[str, dict[Literal["float32", "bfloat16", "float16"], float]] = {}
+    # Positive and finite: a zero, negative or infinite peak would rank first or vanish from the efficiency.
+    declared_peak: dict[str, dict[Literal["float32", "bfloat16", "float16"], PositivePeak]] = {}
 
     def declared_for(self, device: str) -> dict[str, float]:
         return {str(p): float(v) for p, v in self.declared_peak.get(device, {}).items()}

@@ -542,3 +542,19 @@ def test_hostile_text_in_a_description_reaches_no_output_raw(tmp_path):
         listing.write_text(tmp_path / f"list.{name}", text)
     [record] = pd.read_csv(tmp_path / "list.csv").to_dict("records")
     assert record["system"] == "A\\ud800B\\x1b[2K\\x1b]0;title\\x07C\\u202eD\\rverified\\u2028E"  # shown, escaped
+
+
+def test_runs_packaged_twice_rank_in_neither_package():
+    """The same audited runs in two packages were both accepted and both ranked first (issue 45, case 11)."""
+
+    def with_runs(system: str, ops: float, *run_ids: str) -> Row:
+        runs = [{**summary(ops), "run_id": run_id} for run_id in run_ids]
+        return combine_runs(f"pkg-{system}", system, "smoke", runs, describe(system), True)
+
+    rows = rank_rows(
+        [with_runs("a", 9e12, "r1", "r2"), with_runs("copy", 9e12, "r2", "r3"), with_runs("b", 1e12, "r4")], "ops"
+    )
+    assert [(r.system, r.rank) for r in rows] == [("b", 1), ("a", None), ("copy", None)]
+    assert rows[1].note == "not ranked: run r2 is also in pkg-copy: a run counts once"
+    assert rows[2].note == "not ranked: run r2 is also in pkg-a: a run counts once"
+    assert [r.rank for r in rank_rows([with_runs("a", 9e12, "r1"), with_runs("b", 1e12, "r4")], "ops")] == [1, 2]

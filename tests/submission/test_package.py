@@ -179,8 +179,9 @@ def test_the_package_has_the_documented_layout_and_its_archive(package_dir, two_
         packaged = package_dir / f"{ENTRY}/run_{k}"
         header = json.loads((packaged / "ledger.jsonl").read_text().splitlines()[0])
         assert header["config"]["run"]["seed"] == k - 1
-        for name in ("ledger.jsonl", "summary.json", "mllog.txt", "audit.json", "telemetry.jsonl", "report.html"):
+        for name in ("ledger.jsonl", "summary.json", "mllog.txt", "audit.json", "telemetry.jsonl"):
             assert (packaged / name).read_bytes() == (run / name).read_bytes(), name
+        assert (run / "report.html").exists() and not (packaged / "report.html").exists()  # a page is not evidence
         audit = json.loads((run / "audit.json").read_text())
         audited = {f"{t['trial']}.npz" for t in audit["trials"] if t["status"] != "skipped"}
         weights = {p.name for p in (packaged / "weights").iterdir()}
@@ -258,8 +259,8 @@ def test_a_run_that_completed_no_trial_is_told_it_can_be_neither_audited_nor_pac
 def test_package_refuses_a_linked_file(two_smoke_runs, system_json, tmp_path):
     linked = tmp_path / "linked"
     shutil.copytree(two_smoke_runs[0], linked)
-    (linked / "report.html").unlink()
-    (linked / "report.html").symlink_to(two_smoke_runs[0] / "report.html")
+    (linked / "telemetry.jsonl").unlink()
+    (linked / "telemetry.jsonl").symlink_to(two_smoke_runs[0] / "telemetry.jsonl")
     rc, err = _package([linked], system_json, tmp_path / "out")
     assert rc == 2 and "a symbolic link" in err
 
@@ -379,17 +380,17 @@ def test_an_extra_file_is_rejected(package_dir, tmp_path):
 @pytest.mark.slow
 def test_a_missing_file_is_rejected(package_dir, tmp_path):
     pkg = copy_package(package_dir, tmp_path)
-    (pkg / f"{ENTRY}/run_1/report.html").unlink()
-    rejected_for(pkg, f"{ENTRY}/run_1/report.html", "missing from the package")
+    (pkg / f"{ENTRY}/run_1/mllog.txt").unlink()
+    rejected_for(pkg, f"{ENTRY}/run_1/mllog.txt", "missing from the package")
 
 
 @pytest.mark.slow
 def test_a_symbolic_link_is_rejected_and_not_followed(package_dir, tmp_path):
     pkg = copy_package(package_dir, tmp_path)
-    target = pkg / f"{ENTRY}/run_2/report.html"
+    target = pkg / f"{ENTRY}/run_2/telemetry.jsonl"
     target.unlink()
     target.symlink_to("/etc/hostname")
-    rejected_for(pkg, f"{ENTRY}/run_2/report.html", "a symbolic link")
+    rejected_for(pkg, f"{ENTRY}/run_2/telemetry.jsonl", "a symbolic link")
 
 
 @pytest.mark.slow
@@ -448,9 +449,20 @@ def test_a_broken_mllog_is_rejected_by_mlcommons_compliance_checker(package_dir,
 @pytest.mark.slow
 def test_a_hash_mismatch_is_rejected(package_dir, tmp_path):
     pkg = copy_package(package_dir, tmp_path)
-    with open(pkg / f"{ENTRY}/run_2/report.html", "ab") as fh:
-        fh.write(b"<!-- -->")
-    rejected_for(pkg, f"{ENTRY}/run_2/report.html: SHA-256", f"does not match {MANIFEST}")
+    with open(pkg / f"{ENTRY}/run_2/telemetry.jsonl", "ab") as fh:
+        fh.write(b"\n")
+    rejected_for(pkg, f"{ENTRY}/run_2/telemetry.jsonl: SHA-256", f"does not match {MANIFEST}")
+
+
+@pytest.mark.slow
+def test_a_report_page_in_a_package_is_rejected_whatever_it_says(package_dir, tmp_path):
+    """A page is not evidence: one claiming "9.9 EOPS (verified)" with a script was accepted (issue 45, case
+    10). Packages carry no report; `aiperf report` makes one from the verified ledger."""
+    pkg = copy_package(package_dir, tmp_path)
+    page = pkg / f"{ENTRY}/run_1/report.html"
+    page.write_text("<html><script>alert(1)</script><h1>9.9 EOPS (verified)</h1></html>")
+    reseal(pkg)
+    rejected_for(pkg, f"{ENTRY}/run_1/report.html", "aiperf report")
 
 
 @pytest.mark.slow

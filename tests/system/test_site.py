@@ -67,6 +67,32 @@ def test_wrong_types_and_values_are_named_with_what_was_given():
     assert "declared_peak.X.fp8" in problem
 
 
+@pytest.mark.parametrize("peak", [0, -4e14, float("inf"), float("nan"), 1e25])
+def test_a_declared_peak_is_a_positive_finite_figure(peak):
+    """A zero or negative peak vanished from the efficiency; a tiny one ranked first (issue 45, case 9)."""
+    problem = site_problems({**SITE, "declared_peak": {"Imaginary NPU": {"bfloat16": peak}}})
+    assert problem is not None and "declared_peak.Imaginary NPU.bfloat16" in problem
+    assert site_problems({**SITE, "declared_peak": {"Imaginary NPU": {"bfloat16": 4e14}}}) is None
+
+
+def test_a_declared_peak_below_the_measured_ceiling_is_a_finding_of_the_check():
+    from aiperf.submission.check import declared_peak_problems
+
+    def efficiency(source: str, rpeak: object, ceiling: object = 2e12) -> dict:
+        device = {"device": "Xeon", "rpeak_source": source, "rpeak_flops": rpeak, "ceiling_flops": ceiling}
+        return {"by_device": [device]}
+
+    [low] = declared_peak_problems(efficiency("declared", 1e-3))
+    assert "the declared peak of 'Xeon', 0.001 FLOP/s, is below its measured ceiling of 2e+12 FLOP/s" in low
+    assert declared_peak_problems(efficiency("declared", -1.0)) == [
+        "the declared peak of 'Xeon' is not a positive number (-1.0)"
+    ]
+    assert declared_peak_problems(efficiency("declared", 3e12)) == []
+    assert declared_peak_problems(efficiency("formula", 1e12)) == []  # a formula below turbo clocks: a note, not this
+    assert declared_peak_problems(efficiency("declared", 1e12, None)) == []  # nothing measured to compare with
+    assert declared_peak_problems({"by_device": "junk"}) == declared_peak_problems(None) == []
+
+
 def test_a_file_that_is_not_a_mapping_or_not_yaml_is_refused(tmp_path):
     assert site_problems(["a", "b"]) == "the top level must be a mapping of field: value"
     path = tmp_path / "site.yaml"
