@@ -1,7 +1,7 @@
 """``aiperf package RUN... --system system.json -o DIR``: verified, audited runs and their system, in one package.
 
 Everything a list maintainer needs to re-check a result, and nothing else: per run the ledger
-and the files derived from it (summary, MLPerf log, telemetry, report), the audit, and only the
+and the files derived from it (summary, MLPerf log, telemetry; no report page), the audit, and only the
 weights files that audit re-evaluated or re-trained from (``aiperf check`` audits again with the
 same sample and seed); the system description; the config the runs share; a SHA-256 manifest.
 
