@@ -151,22 +151,30 @@ def _precisions(summary: Mapping[str, Any]) -> str | None:
     return ", ".join(v for v in values if isinstance(v, str)) or None
 
 
-def _by_device(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
+# Kinds of device one run trained on, as the list reads them: a real machine has a handful (one per
+# node kind and precision); a summary listing 12,000 took the list minutes (quadratic).
+MAX_DEVICE_KINDS = 64
+
+
+def _by_device(summary: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """A summary's ``efficiency.by_device``, the first ``MAX_DEVICE_KINDS`` entries, by device (its first entry)."""
     entries = _section(summary, "efficiency").get("by_device")
-    return [dict(d) for d in entries if isinstance(d, Mapping)] if isinstance(entries, list) else []
+    found: dict[str, dict[str, Any]] = {}
+    for d in entries[:MAX_DEVICE_KINDS] if isinstance(entries, list) else []:
+        if isinstance(d, Mapping) and isinstance(d.get("device"), str):
+            found.setdefault(d["device"], dict(d))
+    return found
 
 
 def _device_points(summaries: Sequence[Mapping[str, Any]]) -> tuple[DevicePoint, ...]:
     """The first run's kinds of device, each with the median over the runs of the OPS those devices counted."""
+    runs = [_by_device(s) for s in summaries]
     points = []
-    for first in _by_device(summaries[0]) if summaries else []:
+    for first in runs[0].values() if runs else []:
         device, unit, count = _text(first.get("device")), _text(first.get("unit")), _number(first.get("devices"))
         if device is None or count is None or count <= 0:
             continue
-        shares = []
-        for s in summaries:
-            match = next((d for d in _by_device(s) if d.get("device") == device), None)
-            shares.append(_number(match.get("ops_per_s")) if match is not None else None)
+        shares = [_number(run[device].get("ops_per_s")) if device in run else None for run in runs]
         points.append(DevicePoint(device, unit or "accelerator", int(count), _median_all(shares)))
     return tuple(points)
 

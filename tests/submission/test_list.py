@@ -558,3 +558,19 @@ def test_runs_packaged_twice_rank_in_neither_package():
     assert rows[1].note == "not ranked: run r2 is also in pkg-copy: a run counts once"
     assert rows[2].note == "not ranked: run r2 is also in pkg-a: a run counts once"
     assert [r.rank for r in rank_rows([with_runs("a", 9e12, "r1"), with_runs("b", 1e12, "r4")], "ops")] == [1, 2]
+
+
+def test_a_summary_listing_thousands_of_devices_is_read_to_its_bound():
+    """12,000 entries in `efficiency.by_device` took the list 153 s, quadratic in them (issue 45, case 5): the
+    list reads the first MAX_DEVICE_KINDS, each once, and a device listed twice counts once."""
+    from aiperf.submission.ranking import MAX_DEVICE_KINDS
+
+    run = summary()
+    first = run["efficiency"]["by_device"][0]
+    run["efficiency"]["by_device"] = [first, *({**first, "device": f"NPU {i}"} for i in range(12_000))]
+    row = combine_runs("pkg", "big", "smoke", [run, run], describe("big"), True)
+    assert len(row.devices) == MAX_DEVICE_KINDS
+    assert row.devices[0].device == H100 and row.devices[1].device == "NPU 0"
+    duplicated = summary()
+    duplicated["efficiency"]["by_device"] *= 2
+    assert [p.device for p in combine_runs("pkg", "d", "smoke", [duplicated], describe("d"), True).devices] == [H100]
