@@ -626,3 +626,16 @@ def _cmdline(process: psutil.Process) -> list[str]:
         return process.cmdline()
     except psutil.Error:
         return []
+
+
+@pytest.mark.slow
+def test_a_log_far_larger_than_its_ledger_gives_is_a_finding_before_it_is_read(package_dir, tmp_path):
+    """Case 6: a 200 MB mllog.txt took the check to 1.8 GB parsing it. A log is its ledger's rendering: one
+    more than twice that (and a MiB) is refused by its size, neither parsed nor given to the compliance checker."""
+    pkg = copy_package(package_dir, tmp_path)
+    log = pkg / f"{ENTRY}/run_1/mllog.txt"
+    with open(log, "a") as fh:
+        fh.write(':::MLLOG {"key": "padding"}\n' * 200_000)  # about 5.6 MB
+    reseal(pkg)
+    lines = rejected_for(pkg, f"{ENTRY}/run_1/mllog.txt:", "bytes; the log its ledger gives has")
+    assert not [line for line in lines if "run_1/mllog.txt" in line and "compliance" in line.lower()]
