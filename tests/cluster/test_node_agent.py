@@ -141,7 +141,7 @@ def test_a_run_with_one_actor_per_node_survives_a_worker_process_killed_mid_tria
     env = cli_env()
     env.pop("RAY_ADDRESS", None)
     run = start_cli(
-        "run", "--config", "smoke", "--set", "cluster.actors=per_node", "--set", "run.time_budget_s=45",
+        "run", "--config", "smoke", "--set", "cluster.actors=per_node", "--set", "run.time_budget_s=60",
         "--set", f"run.results_dir={results}",
         env=env,
     )  # fmt: skip
@@ -152,7 +152,7 @@ def test_a_run_with_one_actor_per_node_survives_a_worker_process_killed_mid_tria
             runs = [p for p in results.iterdir() if (p / "ledger.jsonl").exists()] if results.exists() else []
             epochs = [r for r in read_raw_ledger(runs[0]) if r["type"] == "epoch"] if runs else []
             victims = _agent_children(run)
-            if len(epochs) >= 2 and len(victims) == 2:
+            if epochs and len(victims) == 2:  # early enough that the slot started again has time to train
                 break
             time.sleep(0.5)
         assert len(victims) == 2, "the node agent does not run its two workers as processes of its own"
