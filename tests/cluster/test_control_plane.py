@@ -27,7 +27,7 @@ from aiperf.engine.master import BUDGET_GRACE_S
 
 pytestmark = pytest.mark.slow
 
-BUDGET_S = 30
+BUDGET_S = 45  # the freeze comes at the first trial, up to ~25 s in on a loaded box; the watch needs ~7 s after
 MARGIN_S = 25  # after run_stop: the summary, the report and the interpreter's exit on two busy cores
 
 
