@@ -137,19 +137,21 @@ def declared_peak_problems(efficiency: object) -> list[str]:
     for d in devices if isinstance(devices, list) else []:
         if not isinstance(d, dict) or d.get("rpeak_source") != "declared":
             continue
-        rpeak, ceiling, name = d.get("rpeak_flops"), d.get("ceiling_flops"), excerpt(d.get("device"))
-        if not _positive(rpeak):
-            problems.append(f"the declared peak of {name} is not a positive number ({excerpt(rpeak)})")
-        elif _positive(ceiling) and float(ceiling) > float(rpeak):
+        rpeak, ceiling, name = _finite(d.get("rpeak_flops")), _finite(d.get("ceiling_flops")), excerpt(d.get("device"))
+        if rpeak is None or rpeak <= 0:
+            problems.append(f"the declared peak of {name} is not a positive number ({excerpt(d.get('rpeak_flops'))})")
+        elif ceiling is not None and ceiling > rpeak:
             problems.append(
-                f"the declared peak of {name}, {float(rpeak):.4g} FLOP/s, is below its measured ceiling of"
-                f" {float(ceiling):.4g} FLOP/s: a peak is at least what the device was measured doing"
+                f"the declared peak of {name}, {rpeak:.4g} FLOP/s, is below its measured ceiling of"
+                f" {ceiling:.4g} FLOP/s: a peak is at least what the device was measured doing"
             )
     return problems
 
 
-def _positive(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+def _finite(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
 
 
 def run_in_session(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
