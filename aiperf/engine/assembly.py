@@ -123,11 +123,17 @@ class RunSession:
     ledger: LedgerWriter
     master: Master
 
-    def run(self, around: contextlib.AbstractContextManager[Any] | None = None) -> RunOutcome:
+    def run(
+        self,
+        around: contextlib.AbstractContextManager[Any] | None = None,
+        stop_fields: Callable[[], dict[str, Any]] | None = None,
+    ) -> RunOutcome:
         """Run the master to its end inside ``around`` (signals, telemetry) and record the end.
 
         However the loop ends -- its budget, a stop, an error -- the ledger gets its ``run_stop``
         (an error is recorded as ``failed`` and raised again) and is closed, every record durable.
+        ``stop_fields``, asked once ``around`` has exited, gives that record more fields (what it binds
+        of ``telemetry.jsonl``).
         """
         try:
             with around if around is not None else contextlib.nullcontext():
@@ -141,7 +147,11 @@ class RunSession:
                     raise
             self.ledger.append(
                 RunStopRecord(
-                    t=self.master.clock(), status=outcome.status, reason=outcome.reason, **outcome.run_stop_fields()
+                    t=self.master.clock(),
+                    status=outcome.status,
+                    reason=outcome.reason,
+                    **outcome.run_stop_fields(),
+                    **(stop_fields() if stop_fields is not None else {}),
                 )
             )
         finally:

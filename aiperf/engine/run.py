@@ -340,7 +340,7 @@ def _session(
                 "covers": list(meter.covers), "timeout_s": meter.timeout_s}  # fmt: skip
     telemetry = TelemetryRecorder(run_dir, cfg.run.telemetry_interval_s, spec, cfg.run.power_interval_s)
     try:
-        run.run(_watched(run.master, telemetry, nodes))
+        run.run(_watched(run.master, telemetry, nodes), stop_fields=telemetry.run_stop_fields)
     finally:
         progress.close()
 

@@ -586,6 +586,10 @@ class RunStopRecord(Record):
     reason: str | None = None
     control_plane_silent_t: Seconds | None = None  # when Ray's control plane first stopped answering (absent: never)
     control_plane_silent_s: Quantity | None = None  # how long, in all, it did not answer this session
+    # telemetry.jsonl as the run stopped: its size and SHA-256 (absent before 2026-12-07, and when telemetry
+    # stopped early): the energy and utilisation figures come from that prefix only, unchanged.
+    telemetry_bytes: Count | None = None
+    telemetry_sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
 
 
 class WeightsRecord(Record):

@@ -55,7 +55,14 @@ from aiperf.sampling.energy import (
     not_measured,
     summarize_energy,
 )
-from aiperf.sampling.telemetry import TelemetrySummary, read_telemetry, shared_machine_notes, summarize_telemetry
+from aiperf.sampling.telemetry import (
+    TELEMETRY_NAME,
+    TelemetryBinding,
+    TelemetrySummary,
+    read_bound_telemetry,
+    shared_machine_notes,
+    summarize_telemetry,
+)
 
 SUMMARY_NAME = "summary.json"
 # The largest summary.json a reader accepts: its per-worker section is about 250 B a worker, so
@@ -624,7 +631,14 @@ def build_summary(
     summary = digest.summary()
     start = digest.start
     assert start is not None  # summary() refused a ledger without one
-    samples = read_telemetry(run_dir)
+    stop = digest.stop
+    binding = (
+        TelemetryBinding(stop.telemetry_bytes, stop.telemetry_sha256)
+        if stop is not None and stop.telemetry_bytes is not None and stop.telemetry_sha256 is not None
+        else None
+    )
+    telemetry = read_bound_telemetry(run_dir, binding)
+    samples = telemetry.samples
     if samples:
         interval = start.config.run.telemetry_interval_s
         summary["telemetry"] = summarize_telemetry(samples, interval)
@@ -633,7 +647,14 @@ def build_summary(
             verdict = summary["verdict"]
             verdict["notes"] = notes
             verdict["headline"] = f"{verdict['headline']}; {'; '.join(notes)}"
-    summary["energy"] = energy_section(summary, samples, [start], source)
+    if telemetry.bound is False:
+        summary["energy"] = not_measured(
+            f"{TELEMETRY_NAME} is not what the ledger's run_stop binds (edited or cut after the run): not used"
+        )
+    else:
+        summary["energy"] = energy_section(summary, samples, [start], source)
+    if telemetry.bound is not None:  # from 2026-12-07: the list ranks energy only from bound telemetry
+        summary["energy"]["bound"] = telemetry.bound
     if samples and summary["energy"].get("readings_per_s") is not None:  # from 2026-12-07: nodes' power threads
         trials = energy_by_trial(samples, digest.trial_spans())
         if trials is not None:

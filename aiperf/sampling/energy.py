@@ -291,6 +291,8 @@ class EnergySummary(TypedDict):
     readings_per_s: NotRequired[float | None]
     sampler_cpu_s: NotRequired[float | None]
     trials: NotRequired[TrialEnergy]  # each trial's share of its node's energy (where the nodes' power was read)
+    # Whether telemetry.jsonl is what the ledger's run_stop binds (absent: it binds none, as before 2026-12-07).
+    bound: NotRequired[bool]
 
 
 class _Series:

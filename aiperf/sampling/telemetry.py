@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import hashlib
 import itertools
 import json
 import logging
@@ -50,6 +51,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, NoReturn, NotRequired, Protocol, TextIO, TypedDict, TypeGuard, TypeVar
@@ -454,6 +456,8 @@ class TelemetryRecorder:
         self._fh: TextIO | None = None
         self.samples = 0
         self.failure: str | None = None  # why telemetry stopped early, if it did
+        self._digest = hashlib.sha256()  # of every byte of the file, what an earlier session wrote included
+        self._bytes = 0
 
     def start(self, nodes: Sequence[_Node]) -> None:
         """Place one sampler on each node and begin polling (the first sample is taken at once).
@@ -467,13 +471,7 @@ class TelemetryRecorder:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fh = open(self.path, "a")  # noqa: SIM115 - held open while the recorder runs
-            if self._fh.tell() > 0 and not self.path.read_bytes().endswith(b"\n"):
-                self._fh.write("\n")  # end a line torn by a crash, so the next sample is not glued to it
-        except OSError as exc:
-            self._give_up(f"cannot write {self.path} ({exc.strerror or exc})")
+        if not self.open():
             return
         me = psutil.Process()
         master: MasterProcess = {"pid": me.pid, "started": me.create_time(), "host": platform.node()}
@@ -541,18 +539,54 @@ class TelemetryRecorder:
                 continue  # slow this time; asked again next interval
             try:
                 reading = ray.get(ref)
-                self._write({**reading, "node": node, "wall": asked, "node_wall": reading["wall"]})
+                self.write({**reading, "node": node, "wall": asked, "node_wall": reading["wall"]})
             except Exception as exc:  # the node or its actor died: record it once, stop asking it
                 self._actors.pop(node, None)
-                self._write({"wall": round(time.time(), 3), "node": node, "error": first_line(exc)})
+                self.write({"wall": round(time.time(), 3), "node": node, "error": first_line(exc)})
 
-    def _write(self, sample: dict[str, Any]) -> None:
+    def open(self) -> bool:
+        """Open ``telemetry.jsonl`` to append (``start`` does); False, reported, when it cannot be written.
+
+        What an earlier session of the run wrote is hashed first, so the ``run_stop`` binds the
+        whole file; a line a crash tore is ended, so the next sample is not glued to it.
+        """
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fh = open(self.path, "a", encoding="ascii")  # noqa: SIM115 - held open while the recorder runs
+            self._bytes, torn = _hash_file(self.path, self._digest)
+            if torn:
+                self._append("\n")
+        except OSError as exc:
+            self._give_up(f"cannot write {self.path} ({exc.strerror or exc})")
+            return False
+        return True
+
+    def write(self, sample: dict[str, Any]) -> None:
+        """Append one sample (a line of JSON) and flush it."""
         if self._fh is None or self._fh.closed:
             return
-        self._fh.write(json.dumps(sample, sort_keys=True) + "\n")
+        self._append(json.dumps(sample, sort_keys=True) + "\n")  # ASCII: json.dumps escapes the rest
         self._fh.flush()
         if "error" not in sample:
             self.samples += 1
+
+    def _append(self, text: str) -> None:
+        assert self._fh is not None
+        self._fh.write(text)
+        data = text.encode("ascii")
+        self._digest.update(data)
+        self._bytes += len(data)
+
+    def run_stop_fields(self) -> dict[str, Any]:
+        """What the run's ``run_stop`` binds of ``telemetry.jsonl``: its size and SHA-256, when all of it was written
+        here; nothing when telemetry stopped early or never started (what is on disk is then not known).
+
+        The file is not in the hash chain; bound by its last record, an edit or an invented reading
+        (RAPL counters on a VM with none) no longer reaches the energy figure (:func:`read_bound_telemetry`).
+        """
+        if self.failure is not None or self._fh is None:
+            return {}
+        return {"telemetry_bytes": self._bytes, "telemetry_sha256": self._digest.hexdigest()}
 
     def stop(self) -> None:
         """Stop polling, release the samplers and close the file (safe to call twice)."""
@@ -646,8 +680,55 @@ def _clean_power_fields(out: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def read_telemetry(run_dir: str | Path) -> list[dict[str, Any]]:
-    """The samples of a run (an absent file is no samples; a torn or malformed line is dropped).
+def _hash_file(path: Path, digest: Any, limit: int | None = None) -> tuple[int, bool]:
+    """Feed ``digest`` the file's bytes (its first ``limit``); (bytes fed, whether the last line is unfinished)."""
+    total, last = 0, b"\n"
+    with open(path, "rb") as fh:
+        while limit is None or total < limit:
+            chunk = fh.read(2**20 if limit is None else min(2**20, limit - total))
+            if not chunk:
+                break
+            digest.update(chunk)
+            total += len(chunk)
+            last = chunk[-1:]
+    return total, total > 0 and last != b"\n"
+
+
+@dataclass(frozen=True)
+class TelemetryBinding:
+    """What a ``run_stop`` records of ``telemetry.jsonl``: its size and SHA-256 when the run stopped."""
+
+    bytes: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class BoundTelemetry:
+    """A run's samples, and whether they are the ones its ledger binds: True, False (the file differs: no
+    samples), or None (the ledger binds none: written before 2026-12-07, or the run did not end)."""
+
+    samples: list[dict[str, Any]]
+    bound: bool | None
+
+
+def read_bound_telemetry(run_dir: str | Path, binding: TelemetryBinding | None) -> BoundTelemetry:
+    """The samples of the prefix ``binding`` names, when the file's first ``binding.bytes`` hash to it; else none."""
+    if binding is None:
+        return BoundTelemetry(read_telemetry(run_dir), None)
+    path = Path(run_dir) / TELEMETRY_NAME
+    digest = hashlib.sha256()
+    try:
+        fed, _ = _hash_file(path, digest, binding.bytes)
+    except OSError:
+        return BoundTelemetry([], False)
+    if fed != binding.bytes or digest.hexdigest() != binding.sha256:
+        return BoundTelemetry([], False)
+    return BoundTelemetry(read_telemetry(run_dir, binding.bytes), True)
+
+
+def read_telemetry(run_dir: str | Path, upto: int | None = None) -> list[dict[str, Any]]:
+    """The samples of a run (an absent file is no samples; a torn or malformed line is dropped), of its first
+    ``upto`` bytes when given.
 
     Read line by line: a line longer than ``MAX_SAMPLE_BYTES`` is no sample a node writes and is
     refused by its offset before it is held in memory.
@@ -662,7 +743,9 @@ def read_telemetry(run_dir: str | Path) -> list[dict[str, Any]]:
     out = []
     with fh:
         try:
-            for _, _, line in bounded_lines(fh, MAX_SAMPLE_BYTES):
+            for _, offset, line in bounded_lines(fh, MAX_SAMPLE_BYTES):
+                if upto is not None and offset + len(line) > upto:
+                    break  # past what the ledger binds
                 try:
                     sample = _clean_sample(json.loads(line, parse_constant=_no_constant))
                 except (ValueError, RecursionError):

@@ -199,6 +199,9 @@ def _energy(summaries: Sequence[Mapping[str, Any]]) -> tuple[float | None, str]:
     metered = sum(1 for f in figures if f is not None)
     if not metered:
         return None, "not measured"
+    if any(e.get("bound") is not True for e, f in zip(sections, figures, strict=True) if f is not None):
+        # telemetry is outside the hash chain: an energy figure counts only from what the ledger binds
+        return None, "not ranked: telemetry not bound by its ledger"
     if metered < len(figures):
         return None, f"metered in {metered} of {len(figures)} runs only"
     granularity = [_number(_section(_section(e, "aspects"), "granularity").get("level")) for e in sections]

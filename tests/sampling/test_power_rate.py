@@ -107,3 +107,13 @@ def test_a_run_with_a_site_meter_records_two_readings_a_second_and_each_trial_s_
     assert "power read" in printed and "per trial on average" in printed
     verify = subprocess.run(aiperf_cmd("verify", str(run)), capture_output=True, text=True, env=cli_env(), cwd=REPO)
     assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert energy["bound"] is True
+    # The readings edited (150 W read as 15 W: ten times the OPS per watt) and the summary made again: the
+    # ledger's run_stop binds the file as the run left it, so the forged readings reach no figure.
+    telemetry = run / "telemetry.jsonl"
+    telemetry.write_text(telemetry.read_text().replace('"power_w": 150.0', '"power_w": 15.0'))
+    again = subprocess.run(aiperf_cmd("summary", str(run)), capture_output=True, text=True, env=cli_env(), cwd=REPO)
+    assert again.returncode == 0, again.stdout + again.stderr
+    forged = json.loads((run / "summary.json").read_text())["energy"]
+    assert forged["measured"] is False and forged["bound"] is False and forged["ops_per_watt"] is None
+    assert "is not what the ledger's run_stop binds" in forged["headline"]

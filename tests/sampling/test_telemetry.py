@@ -168,3 +168,32 @@ def test_the_real_smoke_run_sampled_its_node(smoke_run):
     assert walls == sorted(walls)
     assert summary["telemetry"]["samples"] == len(samples)
     assert "telemetry" in proc.stdout
+
+
+def test_the_run_stop_binds_every_byte_of_telemetry_across_sessions(tmp_path):
+    """telemetry.jsonl is outside the hash chain; the run_stop binds its size and SHA-256, what an earlier
+    session wrote (a line a crash tore included) and this one's samples, so an edit reaches no figure."""
+    import hashlib
+
+    from aiperf.sampling.telemetry import BoundTelemetry, TelemetryBinding, TelemetryRecorder, read_bound_telemetry
+
+    path = tmp_path / "telemetry.jsonl"
+    path.write_text('{"node": "n1", "wall": 1.0}\n{"node": "n1", "wa')  # the first session, killed mid-line
+    recorder = TelemetryRecorder(tmp_path, 5.0)
+    assert recorder.open()
+    recorder.write({"wall": 3.0, "node": "n1", "cpu_percent": 50.0})
+    recorder.stop()
+    data = path.read_bytes()
+    fields = recorder.run_stop_fields()
+    assert fields == {"telemetry_bytes": len(data), "telemetry_sha256": hashlib.sha256(data).hexdigest()}
+    binding = TelemetryBinding(fields["telemetry_bytes"], fields["telemetry_sha256"])
+    bound = read_bound_telemetry(tmp_path, binding)
+    assert bound.bound is True and [s["wall"] for s in bound.samples] == [1.0, 3.0]
+    with open(path, "a") as fh:  # written after the run stopped: not what the ledger binds, not read
+        fh.write('{"node": "n1", "wall": 4.0}\n')
+    assert [s["wall"] for s in read_bound_telemetry(tmp_path, binding).samples] == [1.0, 3.0]
+    path.write_bytes(data.replace(b'"cpu_percent": 50.0', b'"cpu_percent": 10.0'))  # an edited reading
+    assert read_bound_telemetry(tmp_path, binding) == BoundTelemetry([], False)
+    path.unlink()
+    assert read_bound_telemetry(tmp_path, binding) == BoundTelemetry([], False)
+    assert read_bound_telemetry(tmp_path, None) == BoundTelemetry([], None)  # a ledger that binds none

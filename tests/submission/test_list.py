@@ -61,7 +61,7 @@ def summary(
             "by_device": [{"device": device, "unit": unit, "devices": count, "ops_per_s": ops}],
         },
         "energy": (
-            {"measured": True, "ops_per_watt": ops_per_watt, "level": level, "covers_text": covers}
+            {"measured": True, "ops_per_watt": ops_per_watt, "level": level, "covers_text": covers, "bound": True}
             if ops_per_watt is not None
             else {"measured": False, "ops_per_watt": None, "level": None, "headline": "energy: not measured"}
         ),
@@ -574,3 +574,14 @@ def test_a_summary_listing_thousands_of_devices_is_read_to_its_bound():
     duplicated = summary()
     duplicated["efficiency"]["by_device"] *= 2
     assert [p.device for p in combine_runs("pkg", "d", "smoke", [duplicated], describe("d"), True).devices] == [H100]
+
+
+def test_energy_from_telemetry_the_ledger_does_not_bind_is_not_ranked():
+    """Case 8: RAPL counters invented in telemetry.jsonl, the summary re-run, were ranked first by OPS per watt."""
+    unbound = summary(ops_per_watt=9e12)
+    del unbound["energy"]["bound"]  # a ledger from before 2026-12-07, or a run that did not end
+    forged = summary(ops_per_watt=9e12)
+    forged["energy"]["bound"] = False
+    for run in (unbound, forged):
+        r = combine_runs("pkg", "s", "smoke", [summary(ops_per_watt=2e9), run], describe("s"), True)
+        assert r.ops_per_watt is None and r.energy_level == "not ranked: telemetry not bound by its ledger"
