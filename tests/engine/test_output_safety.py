@@ -130,7 +130,7 @@ def test_a_stalled_reader_and_closed_descriptors_do_not_hold_the_run(tmp_path):
         os.close(2)
 
     proc = subprocess.Popen(
-        _run_args(tmp_path, 20, "--set", "run.progress_interval_s=0.05"),
+        _run_args(tmp_path, 35, "--set", "run.progress_interval_s=0.05"),
         stdout=write_end,
         env=cli_env(),
         cwd=REPO,
@@ -158,7 +158,7 @@ def test_a_stalled_reader_and_closed_descriptors_do_not_hold_the_run(tmp_path):
 def test_on_a_terminal_that_is_resized_the_run_redraws_its_line_and_completes(tmp_path):
     master, slave = pty.openpty()
     proc = subprocess.Popen(
-        _run_args(tmp_path, 20, "--set", "run.progress_interval_s=0.5"),
+        _run_args(tmp_path, 35, "--set", "run.progress_interval_s=0.5"),
         stdin=subprocess.DEVNULL,
         stdout=slave,
         stderr=slave,
