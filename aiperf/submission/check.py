@@ -39,6 +39,7 @@ from aiperf.errors import AiperfError, excerpt, first_line
 from aiperf.ledger.inert import inert
 from aiperf.submission import layout
 from aiperf.submission.layout import PackageEntry, PackageIndex, read_package_json
+from aiperf.submission.ranking import finite_number
 from aiperf.submission.runs import RunFacts, StoredAudit
 
 MAX_CONFIG_BYTES = 64 * 1024  # as aiperf run reads a config file
@@ -137,7 +138,8 @@ def declared_peak_problems(efficiency: object) -> list[str]:
     for d in devices if isinstance(devices, list) else []:
         if not isinstance(d, dict) or d.get("rpeak_source") != "declared":
             continue
-        rpeak, ceiling, name = _finite(d.get("rpeak_flops")), _finite(d.get("ceiling_flops")), excerpt(d.get("device"))
+        rpeak, ceiling = finite_number(d.get("rpeak_flops")), finite_number(d.get("ceiling_flops"))
+        name = excerpt(d.get("device"))
         if rpeak is None or rpeak <= 0:
             problems.append(f"the declared peak of {name} is not a positive number ({excerpt(d.get('rpeak_flops'))})")
         elif ceiling is not None and ceiling > rpeak:
@@ -146,12 +148,6 @@ def declared_peak_problems(efficiency: object) -> list[str]:
                 f" {ceiling:.4g} FLOP/s: a peak is at least what the device was measured doing"
             )
     return problems
-
-
-def _finite(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
 
 
 def run_in_session(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:

@@ -100,7 +100,7 @@ class Row:
         raise ValueError(f"unknown ranking key {by!r}")
 
 
-def _number(value: object) -> float | None:
+def finite_number(value: object) -> float | None:
     """A finite number, or None (a string, a boolean, NaN or infinity in a summary is not a figure)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
@@ -171,10 +171,10 @@ def _device_points(summaries: Sequence[Mapping[str, Any]]) -> tuple[DevicePoint,
     runs = [_by_device(s) for s in summaries]
     points = []
     for first in runs[0].values() if runs else []:
-        device, unit, count = _text(first.get("device")), _text(first.get("unit")), _number(first.get("devices"))
+        device, unit, count = _text(first.get("device")), _text(first.get("unit")), finite_number(first.get("devices"))
         if device is None or count is None or count <= 0:
             continue
-        shares = [_number(run[device].get("ops_per_s")) if device in run else None for run in runs]
+        shares = [finite_number(run[device].get("ops_per_s")) if device in run else None for run in runs]
         points.append(DevicePoint(device, unit or "accelerator", int(count), _median_all(shares)))
     return tuple(points)
 
@@ -184,10 +184,10 @@ def _accelerators_text(points: Sequence[DevicePoint], system: Mapping[str, Any])
     if points:
         return "; ".join(f"{p.count} x {p.device}" + (" (cores)" if p.unit == "core" else "") for p in points)
     top500 = _section(system, "top500")
-    count, name = _number(top500.get("accelerator_count")), _text(top500.get("accelerator"))
+    count, name = finite_number(top500.get("accelerator_count")), _text(top500.get("accelerator"))
     if count and name:
         return f"{count:.0f} x {name}"
-    cores, cpu = _number(top500.get("total_cores")), _text(top500.get("processor"))
+    cores, cpu = finite_number(top500.get("total_cores")), _text(top500.get("processor"))
     return f"{cores:.0f} x {cpu} (cores)" if cores and cpu else None
 
 
@@ -195,7 +195,7 @@ def _energy(summaries: Sequence[Mapping[str, Any]]) -> tuple[float | None, str]:
     """Median OPS per watt when every run was metered, with the lowest methodology level among them and
     what was metered (the figure covers only that: accelerators alone flatter a machine)."""
     sections = [_section(s, "energy") for s in summaries]
-    figures = [_number(e.get("ops_per_watt")) if e.get("measured") is True else None for e in sections]
+    figures = [finite_number(e.get("ops_per_watt")) if e.get("measured") is True else None for e in sections]
     metered = sum(1 for f in figures if f is not None)
     if not metered:
         return None, "not measured"
@@ -204,10 +204,10 @@ def _energy(summaries: Sequence[Mapping[str, Any]]) -> tuple[float | None, str]:
         return None, "not ranked: telemetry not bound by its ledger"
     if metered < len(figures):
         return None, f"metered in {metered} of {len(figures)} runs only"
-    granularity = [_number(_section(_section(e, "aspects"), "granularity").get("level")) for e in sections]
+    granularity = [finite_number(_section(_section(e, "aspects"), "granularity").get("level")) for e in sections]
     if any(g == 0 for g in granularity):  # MLPerf's and the EEHPC methodology's rule: >= 1 power reading a second
         return None, "not ranked: power sampled less than once a second"
-    levels = [_number(e.get("level")) for e in sections]
+    levels = [finite_number(e.get("level")) for e in sections]
     level = min((v for v in levels if v is not None), default=None)
     text = "level unknown" if level is None else (f"level {level:.0f}" if level >= 1 else "below level 1")
     covers = _one_of(_text(e.get("covers_text")) for e in sections)
@@ -250,10 +250,10 @@ def combine_runs(
     efficiency = [_section(s, "efficiency") for s in summaries]
     points = _device_points(summaries)
     ops_per_watt, level = _energy(summaries)
-    nodes = _number(_section(summaries[0], "devices").get("nodes")) if summaries else None
+    nodes = finite_number(_section(summaries[0], "devices").get("nodes")) if summaries else None
     if nodes is None:
         nodes = _declared_count(description.get("number_of_nodes"))
-    rpeaks = [_number(e.get("rpeak_flops")) for e in efficiency]
+    rpeaks = [finite_number(e.get("rpeak_flops")) for e in efficiency]
     return Row(
         package=package,
         system=_text(description.get("system_name")) or system,
@@ -267,19 +267,19 @@ def combine_runs(
         devices=points,
         backend=_one_of(_text(s.get("backend")) for s in summaries),
         precision=_one_of(_precisions(s) for s in summaries),
-        ops=_spread_of(_number(s.get("ops_per_s")) for s in scores),
-        regulated=_spread_of(_number(s.get("regulated")) for s in scores),
-        tokens_per_s=_median_all([_number(_section(s, "language").get("tokens_per_s")) for s in summaries]),
+        ops=_spread_of(finite_number(s.get("ops_per_s")) for s in scores),
+        regulated=_spread_of(finite_number(s.get("regulated")) for s in scores),
+        tokens_per_s=_median_all([finite_number(_section(s, "language").get("tokens_per_s")) for s in summaries]),
         rpeak=_median_all(rpeaks),
-        ops_over_rpeak=_median_all([_number(e.get("ops_over_rpeak")) for e in efficiency]),
-        ops_over_ceiling=_median_all([_number(e.get("ops_over_ceiling")) for e in efficiency]),
-        engine_efficiency=_median_all([_number(e.get("engine")) for e in efficiency]),
+        ops_over_rpeak=_median_all([finite_number(e.get("ops_over_rpeak")) for e in efficiency]),
+        ops_over_ceiling=_median_all([finite_number(e.get("ops_over_ceiling")) for e in efficiency]),
+        engine_efficiency=_median_all([finite_number(e.get("engine")) for e in efficiency]),
         compile_critical=_median_all(
-            [_number(_section(s, "workers").get("compile_critical_fraction")) for s in summaries]
+            [finite_number(_section(s, "workers").get("compile_critical_fraction")) for s in summaries]
         ),
         ops_per_watt=ops_per_watt,
         energy_level=level,
-        duration_s=_median_all([_number(s.get("wall_s")) for s in scores]),
+        duration_s=_median_all([finite_number(s.get("wall_s")) for s in scores]),
         official=_all_true(summaries, "official"),
         comparable=_all_true(summaries, "comparable"),
         runs=len(summaries),
