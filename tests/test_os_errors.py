@@ -217,10 +217,11 @@ def test_a_disk_that_fills_during_a_real_run_loses_nothing_and_resumes(disk):
     """The issue's case 3: results on a small tmpfs that fills while the run goes."""
     root = disk.mount("16m")
     disk.fill(leave_bytes=24 * 1024)
-    # The first session stops at ENOSPC within seconds; the resumed one continues the same clock, so the
-    # budget must leave it time to start its workers and finish an epoch on a loaded box (20 s did not in CI),
-    # and the freed disk must hold what it writes meanwhile (3 MB filled again after 47 s of a 50 s budget).
-    proc = _cli("run", "--config", "smoke", "--set", f"run.results_dir={root}", "--set", "run.time_budget_s=50")
+    # The first session stops at ENOSPC within seconds; the resumed one ends on the trial count (a budget
+    # on the same clock left a loaded box no time to start its workers and finish an epoch: 20 s did not
+    # in CI), and the freed disk must hold what it writes meanwhile (3 MB filled again in 47 s of a run).
+    bounds = ("--set", "run.max_trials=3", "--set", "run.time_budget_s=300")
+    proc = _cli("run", "--config", "smoke", "--set", f"run.results_dir={root}", *bounds)
     line = _one_line(proc, 1, "ENOSPC", "--resume")
     (run_dir,) = [p for p in root.iterdir() if p.is_dir()]
     assert str(run_dir / "ledger.jsonl") in line or str(run_dir) in line

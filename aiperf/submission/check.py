@@ -16,6 +16,9 @@ A finding rejects the package; a note does not. The checks, in order (docs/submi
    compliance checker and against the log its ledger gives;
 5. each entry: the runs' seeds and run ids distinct, and at least the workload's ``ranked_runs``.
 
+The audits of step 4 are done again last, and only when no other check found anything: they are
+the one costly check, and no retraining accepts a package that is rejected already.
+
 Input that is no package at all (not a folder, no or unreadable ``package.json``) raises
 :class:`~aiperf.errors.AiperfError` (exit 2); anything wrong inside a package is a finding (exit 1).
 """
@@ -185,6 +188,8 @@ class _Checker:
         self.mllog_config: Path | None = None
         self.run_ids: dict[str, str] = {}
         self.checked: set[str] = set()  # runs checked so far: a run listed twice is checked (and audited) once
+        # (run, folder, the stored audit's sample, seed and speed factor): done again last, if nothing was found
+        self.audits: list[tuple[str, Path, tuple[int, int, float]]] = []
 
     def add(self, check: str, text: str) -> None:
         self.result.add(check, text)
@@ -213,6 +218,19 @@ class _Checker:
             return  # a finding already: no run is audited past the bound (each costs an audit)
         for entry in self.index.entries:
             self._entry(entry)
+        self._audits_again()
+
+    def _audits_again(self) -> None:
+        """The stored audits done again, the last and only costly check: retraining cannot accept a package
+        another check rejects, so a rejected one is told so at once instead of after every run's audit."""
+        if self.result.findings and self.audits:
+            self.note(
+                f"{len(self.audits)} run(s) not audited again: the findings above reject the package already;"
+                " the audits are done again once every other check passes"
+            )
+            return
+        for run, path, options in self.audits:
+            self._audit_again(run, path, *options)
 
     # --- the layout ---------------------------------------------------------------------------
 
@@ -397,7 +415,12 @@ class _Checker:
             self._verdict(run, path)
         audited = self._stored_audit(run, path, facts)
         if verified and audited is not None:
-            self._audit_again(run, path, audited)
+            try:
+                options = audit_options(audited.options)
+            except AiperfError as exc:
+                self.add("audit", f"{run}/audit.json: {exc}")
+            else:
+                self.audits.append((run, path, options))
         return facts
 
     def _verdict(self, run: str, path: Path) -> None:
@@ -438,7 +461,7 @@ class _Checker:
             return None
         return audit
 
-    def _audit_again(self, run: str, path: Path, audit: StoredAudit) -> None:
+    def _audit_again(self, run: str, path: Path, sample: int, seed: int, speed: float) -> None:
         """``aiperf audit`` in a copy of the run (it writes audit.json beside the ledger), in a process of its own.
 
         A process of its own: each run binds its own Keras backend, and a framework that fails
@@ -451,11 +474,6 @@ class _Checker:
                 target = copy / name[len(run) + 1 :]
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(path / name[len(run) + 1 :], target, follow_symlinks=False)
-        try:
-            sample, seed, speed = audit_options(audit.options)
-        except AiperfError as exc:
-            self.add("audit", f"{run}/audit.json: {exc}")
-            return
         sample = self.sample if self.sample is not None else sample
         command = [sys.executable, "-m", "aiperf.cli", "audit", str(copy), "--sample", str(sample)]
         command += ["--seed", str(seed), "--retrain", str(self.retrain), "--speed-factor", str(speed)]

@@ -219,9 +219,9 @@ def test_master_death_then_resume_continues_the_same_run(tmp_path):
     results = tmp_path / "results"
     env = cli_env()
     env.pop("RAY_ADDRESS", None)
-    first = start_cli(
-        "run", "--config", "smoke", "--set", f"run.results_dir={results}", "--set", "run.time_budget_s=50", env=env
-    )
+    # It ends on a trial count: the resumed master proposes the trials left (ids go on from the first's).
+    bounds = ("--set", "run.max_trials=10", "--set", "run.time_budget_s=300")
+    first = start_cli("run", "--config", "smoke", "--set", f"run.results_dir={results}", *bounds, env=env)
     family: list[psutil.Process] = []
     try:
         _wait_for(lambda: sum(r["type"] == "epoch" for r in _records(results)) >= 2, 180, "two epochs", first)

@@ -375,6 +375,8 @@ def test_an_extra_file_is_rejected(package_dir, tmp_path):
     (pkg / f"{ENTRY}/run_1/notes.txt").write_text("trust me\n")
     lines = rejected_for(pkg, f"{ENTRY}/run_1/notes.txt", f"not in {MANIFEST}")
     assert any("not part of the package layout" in line for line in lines)
+    # Rejected already: no run is audited again (the costly check), and the note says so.
+    assert "  note: 2 run(s) not audited again: the findings above reject the package already" in "\n".join(lines)
 
 
 @pytest.mark.slow
