@@ -6,20 +6,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import REPO, aiperf_cmd, cli_env, made_once, simulated_run
-
-SMOKE_RUN_BOUNDS = ("--set", "run.max_trials=8", "--set", "run.time_budget_s=300")
+from helpers import REPO, SMOKE_RUN_SETTINGS, aiperf_cmd, cli_env, made_once, simulated_run
 
 
 @pytest.fixture(scope="session")
 def smoke_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    """A complete `aiperf run --config smoke` of 8 trials (about 40 s on 2 cores); tests must not modify its files.
-
-    It ends on a trial count, not on the smoke config's 30 s budget: on a loaded CI box that
-    budget can pass before a worker completes an epoch, and a run that counted none fails.
-    Its search runs in processes of its own (``search.processes=1``: the expansions, and TPE),
-    as a large machine's does, so the tests of every real run go through them.
-    """
+    """A complete `aiperf run --config smoke` of 8 trials (about 40 s on 2 cores; settings: ``SMOKE_RUN_SETTINGS``);
+    tests must not modify its files (the submission tests audit a copy of it)."""
     return made_once(tmp_path_factory, "smoke-results", _smoke_run)
 
 
@@ -29,11 +22,8 @@ def _smoke_run(results: Path) -> tuple[Path, subprocess.CompletedProcess]:
             "run",
             "--config",
             "smoke",
-            "--set",
-            f"run.results_dir={results}",
-            "--set",
-            "search.processes=1",
-            *SMOKE_RUN_BOUNDS,
+            *("--set", f"run.results_dir={results}"),
+            *[arg for setting in SMOKE_RUN_SETTINGS for arg in ("--set", setting)],
         ),
         capture_output=True,
         text=True,

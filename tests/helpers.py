@@ -78,6 +78,13 @@ def backend_subprocess(backend: str) -> tuple[str, dict[str, str]]:
     return python, env
 
 
+# The shared smoke run's settings (conftest.py's ``smoke_run``, and the submission runs made beside it): it ends
+# on a trial count, not on the smoke config's 30 s budget (on a loaded CI box that budget can pass before a
+# worker completes an epoch), and its search runs in processes of its own (``search.processes=1``: the
+# expansions, and TPE), as a large machine's does, so the tests of every real run go through them.
+SMOKE_RUN_SETTINGS = ("run.max_trials=8", "run.time_budget_s=300", "search.processes=1")
+
+
 def cli_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")

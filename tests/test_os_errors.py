@@ -220,7 +220,7 @@ def test_a_disk_that_fills_during_a_real_run_loses_nothing_and_resumes(disk):
     # The first session stops at ENOSPC within seconds; the resumed one ends on the trial count (a budget
     # on the same clock left a loaded box no time to start its workers and finish an epoch: 20 s did not
     # in CI), and the freed disk must hold what it writes meanwhile (3 MB filled again in 47 s of a run).
-    bounds = ("--set", "run.max_trials=3", "--set", "run.time_budget_s=300")
+    bounds = ("--set", "run.max_trials=3", "--set", "run.time_budget_s=300", "--set", "cluster.max_concurrent_trials=1")
     proc = _cli("run", "--config", "smoke", "--set", f"run.results_dir={root}", *bounds)
     line = _one_line(proc, 1, "ENOSPC", "--resume")
     (run_dir,) = [p for p in root.iterdir() if p.is_dir()]

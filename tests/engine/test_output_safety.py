@@ -29,13 +29,14 @@ F_SETPIPE_SZ = 1031
 
 
 def _run_args(results: Path, trials: int, *extra: str) -> list[str]:
-    """A smoke run that ends when its ``trials`` end: on a loaded box a time budget can pass before any epoch."""
+    """A smoke run that ends when its ``trials`` end (on a loaded box a time budget can pass before any epoch),
+    on one worker: what is written, not how many write it, is under test."""
     return aiperf_cmd(
         "run",
         "--config",
         "smoke",
         *("--set", f"run.results_dir={results}", "--set", f"run.max_trials={trials}"),
-        *("--set", "run.time_budget_s=600"),
+        *("--set", "run.time_budget_s=600", "--set", "cluster.max_concurrent_trials=1"),
         *extra,
     )
 

@@ -40,6 +40,8 @@ def test_repeat_runs_distinct_seeds_and_states_their_spread(tmp_path):
         "--set",
         "search.size_band=1.4",
         "--set",
+        "cluster.max_concurrent_trials=1",  # a TensorFlow start-up less per run: the runs' bookkeeping is under test
+        "--set",
         f"run.results_dir={tmp_path}",
         timeout=900,
     )

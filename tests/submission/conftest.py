@@ -7,12 +7,13 @@ not modify them (copy a package into ``tmp_path`` before tampering with it).
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import REPO, aiperf_cmd, cli_env, made_once, run_cli
-from submission_fixtures import AUDIT_SAMPLE, SITE, SMOKE_RUN_BOUNDS
+from helpers import REPO, SMOKE_RUN_SETTINGS, aiperf_cmd, cli_env, made_once, run_cli
+from submission_fixtures import AUDIT_SAMPLE, SITE
 
 
 def _check(proc: subprocess.CompletedProcess, what: str) -> None:
@@ -20,25 +21,28 @@ def _check(proc: subprocess.CompletedProcess, what: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def two_smoke_runs(tmp_path_factory) -> list[Path]:
-    """Two complete smoke runs (seeds 0 and 1, bounded as ``smoke_run``), each audited (``aiperf audit --sample 2``)."""
-    return made_once(tmp_path_factory, "submission-runs", _two_smoke_runs)
+def two_smoke_runs(tmp_path_factory, smoke_run) -> list[Path]:
+    """Two complete smoke runs of one config, seeds 0 and 1, each audited (``aiperf audit --sample 2``).
+
+    Seed 0 is a copy of the session's ``smoke_run`` (same settings): one real run fewer per session.
+    """
+    return made_once(tmp_path_factory, "submission-runs", lambda results: _two_smoke_runs(results, smoke_run[0]))
 
 
-def _two_smoke_runs(results: Path) -> list[Path]:
-    runs: list[Path] = []
-    for seed in (0, 1):
-        proc = subprocess.run(
-            aiperf_cmd(
-                "run", "--config", "smoke", "--set", f"run.results_dir={results}", "--set", f"run.seed={seed}",
-                *SMOKE_RUN_BOUNDS,
-            ),
-            capture_output=True, text=True, env=cli_env(), timeout=600, cwd=REPO,
-        )  # fmt: skip
-        _check(proc, f"aiperf run (seed {seed})")
-        (run,) = [p for p in results.iterdir() if p.is_dir() and p not in runs]
+def _two_smoke_runs(results: Path, shared: Path) -> list[Path]:
+    results.mkdir(parents=True, exist_ok=True)
+    runs = [Path(shutil.copytree(shared, results / shared.name))]
+    proc = subprocess.run(
+        aiperf_cmd(
+            "run", "--config", "smoke", "--set", f"run.results_dir={results}", "--set", "run.seed=1",
+            *[arg for setting in SMOKE_RUN_SETTINGS for arg in ("--set", setting)],
+        ),
+        capture_output=True, text=True, env=cli_env(), timeout=600, cwd=REPO,
+    )  # fmt: skip
+    _check(proc, "aiperf run (seed 1)")
+    runs += [p for p in results.iterdir() if p.is_dir() and p not in runs]
+    for run in runs:
         _check(run_cli("audit", str(run), "--sample", AUDIT_SAMPLE, timeout=600), f"aiperf audit {run}")
-        runs.append(run)
     return runs
 
 

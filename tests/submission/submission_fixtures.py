@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-SMOKE_RUN_BOUNDS = ("--set", "run.max_trials=8", "--set", "run.time_budget_s=300")  # as tests/conftest.py's smoke_run
 AUDIT_SAMPLE = "2"  # trials re-evaluated besides the best: aiperf check audits again with the same sample
 SITE = {
     "submitter": "Example University",
