@@ -110,6 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="N runs with seeds run.seed, run.seed+1, ...; prints the median, CV, min and max of their scores",
     )
+    run.add_argument(
+        "--must-end-by",
+        type=limits.MUST_END_BY,
+        metavar="UNIX_TIME",
+        help="refuse to start unless the run (its budget, and its stop) ends by then: a batch job's end",
+    )
 
     plan = sub.add_parser("plan", help="print how the run would be sized on the current cluster, run nothing")
     _config_args(plan)
@@ -224,6 +230,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from aiperf.config import load_config
     from aiperf.engine.run import run_benchmark
 
+    if args.must_end_by is not None:
+        from aiperf.engine.deadline import check_must_end_by
+
+        check_must_end_by(args, args.must_end_by)
     if args.repeat is not None:
         from aiperf.engine.repeat import run_repeated
 

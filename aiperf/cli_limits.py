@@ -105,6 +105,8 @@ def node_counts(text: str) -> list[int]:
 # --- aiperf run --------------------------------------------------------------------------------
 # Every repeat is a whole run (an official one lasts an hour); 100 pins a median and CV to a few percent.
 REPEAT = IntRange("--repeat", 1, 100)
+# A Unix time: up to the year 5138, past any batch job's end.
+MUST_END_BY = FloatRange("--must-end-by", 0.0, 1e11)
 
 # --- aiperf audit / aiperf check ---------------------------------------------------------------
 # Re-evaluating loads a trial's weights and runs its validation pass: a million covers every

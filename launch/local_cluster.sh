@@ -6,7 +6,7 @@
 #
 #   local_cluster.sh start N       head + N-1 worker nodes (AIPERF_NODE_CPUS CPUs each)
 #   local_cluster.sh add [CPUS]    one more worker node (a node joining a running cluster)
-#   local_cluster.sh kill K        SIGKILL node K's process group: a crashed node (0 = head)
+#   local_cluster.sh kill K        SIGKILL node K's process group: a crashed node (0 = head); returns once it is gone
 #   local_cluster.sh status        nodes and whether their processes are alive
 #   local_cluster.sh env           the exports a driver needs:  eval "$(launch/local_cluster.sh env)"
 #   local_cluster.sh stop          stop every node and delete the token
@@ -36,10 +36,10 @@ free_port() {
     "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
-node_alive() { # K: whether node K's process group still has a member
+node_alive() { # K: whether node K's process group still has a member that is not a zombie
     local pgid
     pgid=$(cat "$DIR/node$1.pgid" 2>/dev/null) || return 1
-    kill -0 -- "-$pgid" 2>/dev/null
+    ps -eo pgid=,stat= | awk -v g="$pgid" '$1 == g && $2 !~ /^Z/ { found = 1 } END { exit !found }'
 }
 
 wait_started() { # K: until the node reports that Ray runs (or it died)
@@ -112,10 +112,15 @@ cmd_start() {
     echo "local cluster: $n node(s) at 127.0.0.1:$port (state in $DIR)"
 }
 
-cmd_kill() {
+cmd_kill() { # returns once no process of the node is left (`status` right after says dead)
     local k=${1:-}
     [[ -e "$DIR/node$k.pgid" ]] || die "no node $k"
     kill -KILL -- "-$(cat "$DIR/node$k.pgid")" 2>/dev/null || true
+    for _ in $(seq 1 100); do
+        node_alive "$k" || return 0
+        sleep 0.1
+    done
+    die "node $k still has processes 10 s after SIGKILL"
 }
 
 cmd_stop() {

@@ -24,8 +24,12 @@
 #   AIPERF_RUNTIME_ENV_PORT, AIPERF_METRICS_PORT                   [6384, 6385]
 #   AIPERF_CLIENT_PORT      Ray client server on the head        [6386]
 #   AIPERF_MIN_WORKER_PORT, AIPERF_MAX_WORKER_PORT                 [10002, 19999]
-#   AIPERF_RAY_TMPDIR       node-local directory for Ray's sockets and logs [/tmp/aiperf-ray-$SLURM_JOB_ID]
-#   AIPERF_RAY              the ray executable                   [ray]
+#   AIPERF_RAY_TMPDIR       node-local directory for Ray's sockets and logs, made 0700 and removed when
+#                           the node stops              [/tmp/aiperf-ray-$SLURM_JOB_ID-$SLURMD_NODENAME]
+#   AIPERF_RAY              the ray executable           [the `ray` beside AIPERF_PYTHON, else `ray` on PATH]
+#   AIPERF_PYTHON           python with aiperf's dependencies (only to find AIPERF_RAY)
+#
+# SIGTERM or SIGINT stops the node: Ray is asked to stop and its temporary directory is removed.
 set -euo pipefail
 
 die() {
@@ -85,20 +89,58 @@ common_args() {
         --metrics-export-port="${AIPERF_METRICS_PORT:-6385}"
         --min-worker-port="${AIPERF_MIN_WORKER_PORT:-10002}"
         --max-worker-port="${AIPERF_MAX_WORKER_PORT:-19999}"
-        --temp-dir="${AIPERF_RAY_TMPDIR:-/tmp/aiperf-ray-${SLURM_JOB_ID:-$USER}}"
+        --temp-dir="$TMPD"
         --disable-usage-stats
     )
 }
 
+ray_executable() { # AIPERF_RAY, else the ray installed beside AIPERF_PYTHON (a venv not activated), else PATH's
+    local py
+    if [[ -n "${AIPERF_RAY:-}" ]]; then
+        echo "$AIPERF_RAY"
+    elif py=$(command -v "${AIPERF_PYTHON:-}" 2>/dev/null) && [[ -n "$py" && -x "$(dirname "$py")/ray" ]]; then
+        echo "$(dirname "$py")/ray"
+    else
+        echo ray
+    fi
+}
+
+run_ray() { # ray ARGS...: in the foreground until it exits; SIGTERM/SIGINT are passed on; the temp dir goes after
+    local rc=0 pid
+    "$RAY" "$@" &
+    pid=$!
+    trap 'kill -TERM "$pid" 2>/dev/null || true' TERM INT
+    while kill -0 "$pid" 2>/dev/null; do # a trapped signal ends the wait early: wait again for Ray itself
+        wait "$pid" && rc=0 || rc=$?
+    done
+    rm -rf -- "$TMPD" 2>/dev/null || true
+    exit "$rc"
+}
+
+make_tmpdir() { # Ray's sockets and logs: this user's alone (0700), even where /tmp is shared
+    mkdir -p -m 700 -- "$TMPD"
+    [[ -O "$TMPD" ]] || die "$TMPD belongs to another user: set AIPERF_RAY_TMPDIR"
+    chmod 700 -- "$TMPD"
+}
+
+TMPD=${AIPERF_RAY_TMPDIR:-/tmp/aiperf-ray-${SLURM_JOB_ID:-${USER:-$(id -un)}}-${SLURMD_NODENAME:-$(hostname -s)}}
+RAY=$(ray_executable)
+
 export RAY_USAGE_STATS_ENABLED=0
+# On SIGTERM `ray start --block` drains its node for up to 30 s by default (for Ray Serve's replicas) before it
+# stops: longer than Slurm's default KillWait, so the node was SIGKILLed before its temporary directory
+# went. aiperf's master records its own stop; the node stops at once.
+export RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=${RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S:-0}
 case "${1:-}" in
     ip)
         node_ip
         ;;
     head)
         require_token
+        command -v "$RAY" >/dev/null || die "no ray executable '$RAY' on $(hostname): set AIPERF_RAY, or AIPERF_PYTHON to a venv's python"
         common_args head
-        exec "${AIPERF_RAY:-ray}" start --head "${ARGS[@]}" \
+        make_tmpdir
+        run_ray start --head "${ARGS[@]}" \
             --port="${AIPERF_RAY_PORT:-6379}" \
             --ray-client-server-port="${AIPERF_CLIENT_PORT:-6386}" \
             --include-dashboard=false
@@ -106,8 +148,10 @@ case "${1:-}" in
     worker)
         [[ -n "${2:-}" ]] || die "usage: ray_node.sh worker HEAD_IP:PORT"
         require_token
+        command -v "$RAY" >/dev/null || die "no ray executable '$RAY' on $(hostname): set AIPERF_RAY, or AIPERF_PYTHON to a venv's python"
         common_args worker
-        exec "${AIPERF_RAY:-ray}" start --address="$2" "${ARGS[@]}"
+        make_tmpdir
+        run_ray start --address="$2" "${ARGS[@]}"
         ;;
     *)
         die "usage: ray_node.sh ip | head | worker HEAD_IP:PORT"

@@ -9,8 +9,10 @@ reports how many fake Ray nodes are up.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,11 @@ LOCAL_CLUSTER = REPO / "launch" / "local_cluster.sh"
 FAKES = {
     "scontrol": """
 echo "scontrol $*" >> "$FAKE_LOG"
+if [[ "$1 $2" == "show config" && -n "${FAKE_KILL_WAIT:-}" ]]; then
+    echo "KillOnBadExit           = 0"
+    echo "KillWait                = $FAKE_KILL_WAIT sec"
+    exit 0
+fi
 [[ "$1 $2" == "show hostnames" ]] || exit 1
 for n in $FAKE_NODES; do echo "$n"; done
 """,
@@ -46,20 +53,47 @@ while [[ $# -gt 0 && "$1" == -* ]]; do
 done
 pids=()
 IFS=, read -ra nodes <<< "$nodelist"
-for n in "${nodes[@]}"; do FAKE_NODE=$n "$@" & pids+=($!); done
-trap 'kill -TERM "${pids[@]}" 2>/dev/null; wait; echo "srun-exit $nodelist" >> "$FAKE_LOG"; exit 0' TERM
+# As slurmstepd does, the tasks start with default signal handling, whatever srun ignores.
+for n in "${nodes[@]}"; do FAKE_NODE=$n env --default-signal=TERM "$@" & pids+=($!); done
+echo "${pids[*]}" > "$FAKE_STATE/step-$nodelist"
+trap 'kill -KILL "${pids[@]}" 2>/dev/null; echo "srun-killed-its-tasks $nodelist" >> "$FAKE_LOG"; exit 0' TERM
 wait
+rm -f "$FAKE_STATE/step-$nodelist"
 echo "srun-exit $nodelist" >> "$FAKE_LOG"
+""",
+    "squeue": """
+[[ "$*" == "-h -s -j 4242 -o %i" ]] || exit 1
+for f in "$FAKE_STATE"/step-*; do [[ -e "$f" ]] && echo "4242.${f##*/step-}"; done
+echo "4242.batch"
+""",
+    "scancel": """
+echo "scancel $*" >> "$FAKE_LOG"
+sig=${1#--signal=}
+step=${2#4242.}
+[[ -e "$FAKE_STATE/step-$step" ]] || exit 1
+kill -"$sig" $(cat "$FAKE_STATE/step-$step") 2>/dev/null || true
 """,
     "ray": """
 echo "ray[$FAKE_NODE] $* | auth=$RAY_AUTH_MODE token=$RAY_AUTH_TOKEN_PATH path=$PYTHONPATH" >> "$FAKE_LOG"
-[[ -n "${FAKE_RAY_FAIL:-}" ]] && exit 1
+if [[ -n "${FAKE_RAY_FAIL:-}" && ( "$FAKE_RAY_FAIL" == 1 || "$FAKE_RAY_FAIL" == "$FAKE_NODE" ) ]]; then
+    echo "ray: could not connect to the GCS at 10.0.0.1:6379" >&2
+    exit 1
+fi
 touch "$FAKE_STATE/up-$FAKE_NODE"
-trap 'rm -f "$FAKE_STATE/up-$FAKE_NODE"; echo "ray-stopped $FAKE_NODE" >> "$FAKE_LOG"; exit 0' TERM
+stopped() {
+    rm -f "$FAKE_STATE/up-$FAKE_NODE"
+    tmp=$(echo "$*" | tr ' ' '\n' | sed -n 's/^--temp-dir=//p')
+    token=$([[ -e $RAY_AUTH_TOKEN_PATH ]] && echo left || echo gone)
+    echo "ray-stopped $FAKE_NODE token=$token tmp=$(stat -c %a "$tmp")" >> "$FAKE_LOG"
+    exit 0
+}
+trap 'stopped "$@"' TERM
 while true; do sleep 0.05; done
 """,
     "fakepython": """
 if [[ "$1" == "-c" ]]; then exec "$REAL_PYTHON" "$@"; fi
+# Python installs its SIGTERM handler even where the signal was ignored: so does this fake run.
+if [[ "$3" == run && -z "${FAKE_REEXEC:-}" ]]; then FAKE_REEXEC=1 exec env --default-signal=TERM "$0" "$@"; fi
 echo "python $* | auth=$RAY_AUTH_MODE mode=$(stat -c %a "$RAY_AUTH_TOKEN_PATH")" >> "$FAKE_LOG"
 case "$3" in
     plan)
@@ -67,7 +101,13 @@ case "$3" in
         up=$(ls "$FAKE_STATE" | grep -c '^up-')
         echo "plan: $up concurrent trials on $up node(s), placement per_accelerator"
         ;;
-    run) exit "${FAKE_RUN_RC:-0}" ;;
+    run)
+        if [[ -n "${FAKE_RUN_S:-}" ]]; then
+            trap 'echo "run-terminated" >> "$FAKE_LOG"; exit 130' TERM
+            sleep "$FAKE_RUN_S" &
+            wait
+        fi
+        exit "${FAKE_RUN_RC:-0}" ;;
 esac
 """,
 }
@@ -134,7 +174,7 @@ def test_gpu_job_starts_head_then_workers_runs_aiperf_and_tears_down(slurm):
     done = slurm.sbatch("--config", "smoke", "--set", "run.time_budget_s=60", SLURM_GPUS_PER_NODE="h100:8")
     assert done.returncode == 0, done.stderr
     calls = slurm.calls()
-    assert calls[0] == "scontrol show hostnames node[001-003]"
+    assert calls[:2] == ["scontrol show config", "scontrol show hostnames node[001-003]"]
 
     head_step = _index(calls, "srun --nodelist=node001 ")
     assert {"--nodes=1", "--ntasks=1", "--cpus-per-task=64", "--gpus-per-task=8", "head"} <= _flags(calls[head_step])
@@ -146,19 +186,21 @@ def test_gpu_job_starts_head_then_workers_runs_aiperf_and_tears_down(slurm):
         "--num-cpus=64",
         "--num-gpus=8",
         "--include-dashboard=false",
-        "--temp-dir=/tmp/aiperf-ray-4242",
+        "--temp-dir=/tmp/aiperf-ray-4242-node001",
     }
     assert expected_head <= _flags(calls[head])
     token = slurm.job_dir / "ray_auth_token"
     assert f"auth=token token={token} path={REPO}" in calls[head]
 
-    workers_step = _index(calls, "srun --nodelist=node002,node003 ")
-    step_flags = _flags(calls[workers_step])
-    assert {"--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=0", "--gpus-per-task=8"} <= step_flags
-    assert calls[workers_step].endswith("ray_node.sh worker 10.0.0.1:6379")
+    # One step per worker node, each watched on its own.
+    worker_steps = [_index(calls, f"srun --nodelist={node} ") for node in ("node002", "node003")]
+    for step in worker_steps:
+        assert {"--nodes=1", "--ntasks=1", "--gpus-per-task=8", "--overlap"} <= _flags(calls[step])
+        assert calls[step].endswith("ray_node.sh worker 10.0.0.1:6379")
     for k, node in ((2, "node002"), (3, "node003")):
         line = calls[_index(calls, f"ray[{node}] start ")]
         assert {"--address=10.0.0.1:6379", "--block", f"--node-ip-address=10.0.0.{k}", "--num-gpus=8"} <= _flags(line)
+        assert f"--temp-dir=/tmp/aiperf-ray-4242-{node}" in _flags(line)
         assert "--head" not in line and f"auth=token token={token}" in line
 
     run = _index(calls, "python -m aiperf.cli run ")
@@ -168,12 +210,84 @@ def test_gpu_job_starts_head_then_workers_runs_aiperf_and_tears_down(slurm):
     )
     # Head first, then (once the head answers) the workers, then (once all three nodes are up) the run.
     waited_for_all = [k for k, line in enumerate(calls) if line.startswith("python -m aiperf.cli plan --address")]
-    assert head < workers_step < run and waited_for_all and waited_for_all[-1] < run
-    # Teardown after the run: every Ray node stopped, both steps ended, the token gone.
+    assert head < min(worker_steps) and max(worker_steps) < run and waited_for_all and waited_for_all[-1] < run
+    # Teardown after the run: the token deleted first, then every Ray node stopped (its 0700 temp dir then
+    # removed), every step ended.
     tail = calls[run + 1 :]
-    assert {f"ray-stopped node00{k}" for k in (1, 2, 3)} <= set(tail)
-    assert {"srun-exit node001", "srun-exit node002,node003"} <= set(tail)
+    assert {f"ray-stopped node00{k} token=gone tmp=700" for k in (1, 2, 3)} <= set(tail), tail
+    assert {"srun-exit node001", "srun-exit node002", "srun-exit node003"} <= set(tail)
     assert not list(slurm.state.glob("up-*")) and not token.exists()
+    assert not [p for p in Path("/tmp").glob("aiperf-ray-4242-node00*")], "a Ray temporary directory was left"
+
+
+def test_the_ray_beside_the_python_is_used_without_an_activated_venv(slurm):
+    """Issue 46, finding 2: with AIPERF_PYTHON set and no venv on PATH, `ray` was not found."""
+    venv = slurm.bin.parent / "venv" / "bin"
+    venv.mkdir(parents=True)
+    for name in ("fakepython", "ray"):
+        (slurm.bin / name).rename(venv / name)
+    done = slurm.sbatch("--config", "smoke", AIPERF_PYTHON=str(venv / "fakepython"))
+    assert done.returncode == 0, done.stderr
+    assert _index(slurm.calls(), "ray[node002] start ")
+    (venv / "ray").unlink()
+    done = slurm.sbatch("--config", "smoke", AIPERF_PYTHON=str(venv / "fakepython"), PATH=f"{slurm.bin}:/usr/bin:/bin")
+    assert done.returncode == 2 and "no ray executable 'ray': set AIPERF_RAY" in done.stderr
+
+
+def test_a_worker_node_that_cannot_start_fails_the_job_at_once_with_its_name(slurm):
+    """Finding 3: a dead worker step went unnoticed for AIPERF_START_TIMEOUT_S, then the run went on alone."""
+    done = slurm.sbatch("--config", "smoke", FAKE_RAY_FAIL="node003", AIPERF_START_TIMEOUT_S="300")
+    assert done.returncode == 2
+    assert "the Ray node on node003 exited before joining: ray: could not connect to the GCS" in done.stderr
+    assert "1 of 3 node(s) down, AIPERF_MIN_NODES=3" in done.stderr
+    assert not any(line.startswith("python -m aiperf.cli run") for line in slurm.calls())
+    assert not (slurm.job_dir / "ray_auth_token").exists()
+
+
+def test_with_min_nodes_the_run_goes_on_without_a_node_that_failed(slurm):
+    done = slurm.sbatch("--config", "smoke", FAKE_RAY_FAIL="node003", AIPERF_MIN_NODES="2")
+    assert done.returncode == 0, done.stderr
+    assert _index(slurm.calls(), "python -m aiperf.cli run ")
+    done = slurm.sbatch("--config", "smoke", AIPERF_MIN_NODES="4")
+    assert done.returncode == 2 and "AIPERF_MIN_NODES=4: must be from 1 to the job's 3 node(s)" in done.stderr
+
+
+def test_the_run_is_told_the_job_s_end_less_the_teardown(slurm):
+    """Finding 4: a job that reached its time limit was interrupted and invalid, with no warning before."""
+    done = slurm.sbatch("--config", "smoke", SLURM_JOB_END_TIME="1900000000", FAKE_KILL_WAIT="12")
+    assert done.returncode == 0, done.stderr
+    run = slurm.calls()[_index(slurm.calls(), "python -m aiperf.cli run ")]
+    assert run.startswith("python -m aiperf.cli run --address 10.0.0.1:6379 --must-end-by 1899999993 --config smoke")
+    assert "(within 7 s)" in done.stderr  # KillWait 12 s less 5
+
+
+def test_a_signal_to_the_job_waits_for_the_run_to_write_and_keeps_its_exit_code(slurm):
+    """scancel signals every process of the job: the run stops on its own; the script must not exit first."""
+    proc = subprocess.Popen(
+        ["bash", str(SBATCH), "--config", "smoke"],
+        env={**slurm.env, "FAKE_RUN_S": "30"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(
+            line.startswith("python -m aiperf.cli run") for line in (slurm.calls() if slurm.log.exists() else [])
+        ):
+            time.sleep(0.1)
+        time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGTERM)  # as Slurm does: every process of the job
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err  # the run's own code: interrupted
+    calls = slurm.calls()
+    assert "run-terminated" in calls and calls.count("run-terminated") == 1, "the run got one SIGTERM, not two"
+    assert calls.index("run-terminated") < min(k for k, c in enumerate(calls) if c.startswith("ray-stopped"))
+    assert not (slurm.job_dir / "ray_auth_token").exists()
 
 
 def test_cpu_job_binds_the_named_interface_and_ports(slurm):
@@ -195,14 +309,14 @@ def test_cpu_job_binds_the_named_interface_and_ports(slurm):
 def test_failed_run_keeps_its_exit_code_and_still_tears_down(slurm):
     done = slurm.sbatch("--config", "smoke", FAKE_RUN_RC="3")
     assert done.returncode == 3
-    assert {f"ray-stopped node00{k}" for k in (1, 2, 3)} <= set(slurm.calls())
+    assert {f"ray-stopped node00{k} token=gone tmp=700" for k in (1, 2, 3)} <= set(slurm.calls())
     assert not (slurm.job_dir / "ray_auth_token").exists()
 
 
 def test_head_that_cannot_start_fails_with_one_line(slurm):
     done = slurm.sbatch("--config", "smoke", FAKE_RAY_FAIL="1")
     assert done.returncode == 2
-    assert "the Ray head exited; see" in done.stderr
+    assert "the Ray head on node001 exited: ray: could not connect to the GCS" in done.stderr
     calls = slurm.calls()
     assert not any(line.startswith("python -m aiperf.cli run") for line in calls)
     assert not any(line.startswith("srun --nodelist=node002") for line in calls), "workers started without a head"
@@ -238,3 +352,17 @@ def test_local_cluster_rejects_bad_usage_with_one_line(args, tmp_path):
     done = subprocess.run(["bash", str(LOCAL_CLUSTER), *args], env=env, capture_output=True, text=True, timeout=30)
     assert done.returncode == 2 and done.stderr.startswith("local_cluster.sh: ")
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_every_variable_the_launch_scripts_read_is_in_the_readme_table():
+    """Issue 46, finding 2: AIPERF_RAY was read by ray_node.sh and named nowhere a user looks."""
+    import re
+
+    read = set()
+    for script in (SBATCH, RAY_NODE):
+        read |= set(re.findall(r"\$\{?(AIPERF_[A-Z0-9_]+)", script.read_text()))
+    readme = (REPO / "launch" / "README.md").read_text()
+    table = readme[readme.index("| variable | default | meaning |") : readme.index("## A simulated cluster")]
+    documented = set(re.findall(r"`(AIPERF_[A-Z0-9_]+)`", table))
+    assert read, "no variable found: the pattern no longer matches the scripts"
+    assert read - documented == set(), f"read by the scripts, missing from launch/README.md: {read - documented}"

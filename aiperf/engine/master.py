@@ -942,6 +942,13 @@ class Master:
                 status = TrialStatus.STOPPED
                 if not state.started:
                     reason = "the run ended before its re-queued attempt could start; its completed epochs are counted"
+                elif state.worker in silent and self.stop_requested is not None:
+                    # A scheduler ending the job (scancel, a time limit) signals the workers with the master:
+                    # one that no longer answers was stopped with the run, not found unresponsive.
+                    reason = (
+                        f"the run was stopped ({self.stop_requested}) and its worker with it; its completed epochs"
+                        " are counted, its unfinished epoch is not"
+                    )
                 elif state.worker in silent:
                     status = TrialStatus.UNRESPONSIVE
                     reason = (
@@ -960,7 +967,9 @@ class Master:
         final = self.pool.retire_all()
         self.worker_stats.update(final.stats)
         for worker in self.worker_ready_t:
-            if worker in silent:
+            if worker in silent and self.stop_requested is not None:
+                why = f"stopped with the run ({self.stop_requested}): no answer at its end"
+            elif worker in silent:
                 why = f"unresponsive at the run's end: {silent[worker]}"
             else:
                 why = final.lost.get(worker, "run ended")

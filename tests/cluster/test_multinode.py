@@ -164,6 +164,7 @@ def test_node_death_requeues_its_trial_and_late_nodes_are_used(cluster, tmp_path
             run,
         )
         cluster.sh("kill", "2")
+        assert "node 2: dead" in cluster.sh("status"), "kill returned before the node was gone"
         cluster.sh("add", "1")  # a node joining the running cluster: the pool's sync must use it
         out, _ = run.communicate(timeout=240)
     assert run.returncode == 0, out[-3000:]

@@ -104,6 +104,29 @@ def test_a_trial_whose_worker_does_not_answer_at_the_end_ends_unresponsive(tmp_p
     assert retired["w00000"].startswith("unresponsive at the run's end") and retired["w00001"] == "run ended"
 
 
+def test_a_worker_silent_at_the_end_of_a_run_stopped_by_a_signal_was_stopped_with_it(tmp_path):
+    """scancel and a job's time limit signal the workers with the master (issue 46): a worker that no longer
+    answers then is not a fault, and its trial ends stopped, not unresponsive."""
+    master, pool, ledger, clock = _master(tmp_path, budget=600.0)
+    pool.unresponsive = lambda wait_s: {"w00000": "no answer within 5 s at the run's end"}
+    original = pool.wait
+
+    def wait(timeout):
+        if clock() >= 40.0:
+            master.request_stop("terminated (SIGTERM)")
+        return original(timeout)
+
+    pool.wait = wait
+    outcome, records = _finish(master, ledger, tmp_path)
+    assert outcome.status == "interrupted"
+    ends = {r.worker: r for r in records if r.type == "trial_end" and r.t >= 40.0}
+    assert ends["w00000"].status is TrialStatus.STOPPED, ends["w00000"]
+    assert "the run was stopped (terminated (SIGTERM)) and its worker with it" in ends["w00000"].reason
+    retired = {r.worker: r.retired for r in records if r.type == "worker"}
+    assert retired["w00000"] == "stopped with the run (terminated (SIGTERM)): no answer at its end"
+    assert not [r for r in records if r.type == "trial_end" and r.status is TrialStatus.UNRESPONSIVE]
+
+
 def test_a_worker_found_dead_at_the_end_is_recorded_as_died_not_as_ended(tmp_path):
     master, pool, ledger, _ = _master(tmp_path, budget=60.0)
     original = pool.retire_all
