@@ -37,6 +37,7 @@ from aiperf.ledger.store import read_raw_ledger
 pytestmark = pytest.mark.slow
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scancel", "squeue", "sinfo")
+KILL_WAIT_S = 30  # Slurm's default: SIGTERM to every process of a cancelled job, SIGKILL this long after
 
 
 def _free_port() -> int:
@@ -93,7 +94,7 @@ class RealSlurm:
                     "SchedulerType=sched/builtin",
                     "MpiDefault=none",
                     "ReturnToService=2",
-                    "KillWait=20",
+                    f"KillWait={KILL_WAIT_S}",
                     "InactiveLimit=0",
                     "JobAcctGatherType=jobacct_gather/none",
                     "AccountingStorageType=accounting_storage/none",
@@ -279,8 +280,8 @@ def test_scancel_mid_run_ends_it_interrupted_and_leaves_nothing(slurm, tmp_path)
     assert records[-1]["type"] == "run_stop" and records[-1]["status"] == "interrupted"
     ends = [r for r in records if r["type"] == "trial_end"]
     assert ends and not [r for r in ends if r["status"] == "unresponsive"], "the job's end is not a fault"
-    assert teardown_s < 20 + 5, f"the teardown outlived KillWait: {teardown_s:.0f} s"
-    print(f"slurm job: scancel to nothing left {teardown_s:.1f} s (KillWait 20 s)")
+    assert teardown_s < KILL_WAIT_S + 5, f"the teardown outlived KillWait: {teardown_s:.0f} s"
+    print(f"slurm job: scancel to nothing left {teardown_s:.1f} s (KillWait {KILL_WAIT_S} s)")
 
 
 def test_a_job_shorter_than_its_run_is_refused_before_the_run_starts(slurm, tmp_path):
