@@ -157,6 +157,7 @@ class _SlotProcess:
         self._send_lock = threading.Lock()  # a prepare request may be sent while another request is answered
         self.worker_id = worker_id
         self.ready = False  # its worker answered: trials may be sent
+        self.training = False  # a trial is running on it (not merely a stats request holding the lock)
 
     def receive(self, timeout: float | None = None) -> tuple[str, Any]:
         """The process's next reply; :class:`SlotLost` when it died or stayed silent past ``timeout``."""
@@ -325,7 +326,7 @@ class NodeAgent:
             yield index, item
 
     def _queue_behind(self, key: int, worker_id: str, spec: TrialSpec) -> None:
-        """Note a trial waiting for slot ``key``; if the slot is busy and none waits before it, compile it ahead now.
+        """Note a trial waiting for slot ``key``; if a trial runs there and none waits before it, compile it ahead now.
 
         The trials a slot will run next, from any call, wait here in the order they came; each
         trial that starts sends the first of them to be compiled ahead (:meth:`_relay`).
@@ -335,14 +336,7 @@ class NodeAgent:
             waiting.append(spec)
             slot = self._slots.get(key)
             first = len(waiting) == 1
-        if (
-            self._ahead
-            and first
-            and slot is not None
-            and slot.ready
-            and slot.worker_id == worker_id
-            and slot.lock.locked()
-        ):
+        if self._ahead and first and slot is not None and slot.ready and slot.worker_id == worker_id and slot.training:
             slot.prepare(spec.to_dict())
 
     def _next_behind(self, key: int, started: TrialSpec) -> TrialSpec | None:
@@ -367,21 +361,25 @@ class NodeAgent:
             self._next_behind(key, start.spec)
             raise SlotLost(f"worker {worker_id} is gone: its slot now runs worker {slot.worker_id}")
         with slot.lock:
-            slot.send(("run", start.spec.to_dict(), start.parent, start.resume))
-            behind = self._next_behind(key, start.spec)
-            if behind is not None and self._ahead:
-                slot.prepare(behind.to_dict())
-            while True:
-                kind, value = slot.receive()
-                if kind == "end":
-                    return
-                if kind == "error":
-                    raise TrialRaised(value)
-                if kind == "stats":
-                    continue
-                if isinstance(value, TrialStarted) and start.fallback:
-                    value.weights_lost, value.inherited = start.fallback, start.inherited
-                yield value
+            slot.training = True
+            try:
+                slot.send(("run", start.spec.to_dict(), start.parent, start.resume))
+                behind = self._next_behind(key, start.spec)
+                if behind is not None and self._ahead:
+                    slot.prepare(behind.to_dict())
+                while True:
+                    kind, value = slot.receive()
+                    if kind == "end":
+                        return
+                    if kind == "error":
+                        raise TrialRaised(value)
+                    if kind == "stats":
+                        continue
+                    if isinstance(value, TrialStarted) and start.fallback:
+                        value.weights_lost, value.inherited = start.fallback, start.inherited
+                    yield value
+            finally:
+                slot.training = False
 
     def alive(self, key: int) -> bool:
         """The master's liveness question for one slot: its process must still exist."""

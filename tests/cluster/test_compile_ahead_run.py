@@ -27,14 +27,15 @@ def test_every_trial_after_a_worker_s_first_starts_on_steps_compiled_ahead(tmp_p
     for r in records:
         if r["type"] == "epoch":
             first_epochs.setdefault(r["trial"], r)
-    first, *later = [first_epochs[e["trial"]] for e in ends]
-    # The first trial had nothing to hide its compile behind (unless it is a retry on a worker that built it).
-    assert ends[0]["step_reused"] is False or ends[0]["attempt"] > 0
+    table = [(e["trial"], e["attempt"], e["step_reused"], first_epochs[e["trial"]]["compile_s"]) for e in ends]
     # A later trial queued behind a running one starts on steps built meanwhile. Which ones were queued in time
     # depends on when the master heard of the start before (node agents relay in batches), so: at least one.
-    reused = [epoch for end, epoch in zip(ends[1:], later, strict=True) if end["step_reused"]]
-    assert reused
-    assert all(e["compile_s"] < first["compile_s"] for e in reused)
+    # (The first may count as reused too: a trial of its architecture queued behind it compiles on the other
+    # thread as it sets up, and it takes that model rather than compiling it twice.)
+    reused = [first_epochs[e["trial"]] for e in ends[1:] if e["step_reused"]]
+    assert reused, table
+    fresh = [first_epochs[e["trial"]] for e in ends if not e["step_reused"]]
+    assert all(r["compile_s"] < f["compile_s"] for r in reused for f in fresh), table
     summary = json.loads((run / "summary.json").read_text())
     assert summary["workers"]["compile_critical_fraction"] is not None
     verify = subprocess.run(aiperf_cmd("verify", str(run)), capture_output=True, text=True, env=cli_env(), cwd=REPO)

@@ -56,6 +56,7 @@ class _ScriptedSlot:
     def __init__(self, worker_id: str, replies: list[list[tuple[str, object]]]) -> None:
         self.worker_id, self.replies, self.ready = worker_id, replies, True
         self.lock = threading.Lock()
+        self.training = False
         self.ran: list[str] = []
         self.prepared: list[str] = []
 
@@ -123,6 +124,23 @@ def test_each_trial_that_starts_sends_the_next_one_waiting_for_its_slot_to_be_co
     assert slot0.prepared == ["t1", "t2"], "each trial's successor compiles while it runs; the last has none"
     assert sum(isinstance(m, TrialEnded) for _, m in items) == 3
     assert agent._waiting == {0: []}, "nothing stays queued once the trials ran"
+
+
+def test_a_trial_queued_while_its_slot_only_answers_a_stats_request_is_not_compiled_ahead():
+    # Compiling ahead hides a compile behind a running trial; with none running the trial compiles as it starts.
+    agent = NodeAgent.__new__(NodeAgent)
+    agent._changed, agent._failed, agent._store = threading.Condition(), {}, None
+    agent._ahead, agent._waiting = True, {}
+    slot0 = _ScriptedSlot("w0000", [])
+    agent._slots = {0: slot0}
+    spec = TrialSpec.from_dict(_request(0, "w0000", "t0")[2])
+    with slot0.lock:  # a stats request talks to the slot
+        agent._queue_behind(0, "w0000", spec)
+    assert slot0.prepared == []
+    slot0.training = True  # a trial runs there: the next one waiting compiles meanwhile
+    agent._waiting = {}
+    agent._queue_behind(0, "w0000", spec)
+    assert slot0.prepared == ["t0"]
 
 
 def _agent_children(run: subprocess.Popen) -> list[psutil.Process]:
