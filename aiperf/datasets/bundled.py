@@ -8,6 +8,7 @@ NHWC arrays with a seeded stratified split.
 from __future__ import annotations
 
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 
@@ -50,17 +51,44 @@ def load_mnist(cfg: DatasetConfig) -> Dataset:
     return in_memory_dataset("mnist", source, 10, pool, pool, plan, meta={"class_names": DIGIT_NAMES})
 
 
-def load_digits(cfg: DatasetConfig) -> Dataset:
-    try:
-        import sklearn
-        from sklearn.datasets import load_digits as sklearn_digits
-    except ImportError:
-        raise AiperfError("digits: the scikit-learn package is not installed; pip install scikit-learn") from None
+def _digits_arrays() -> tuple[np.ndarray, np.ndarray, str]:
+    """scikit-learn's digits (1,797 x 64 values and their labels), read from the CSV it ships.
+
+    Read from the file, as ``sklearn.datasets.load_digits`` reads it, without importing scikit-learn:
+    its import costs about two CPU-seconds, paid by every run and audit of the default smoke config.
+    An installation without that file falls back to scikit-learn's own loader.
+    """
+    import gzip
+    import importlib.metadata
+    import importlib.util
+
+    spec = importlib.util.find_spec("sklearn")  # locates the package; imports nothing
+    if spec is None or not spec.submodule_search_locations:
+        raise AiperfError("digits: the scikit-learn package is not installed; pip install scikit-learn")
+    version = importlib.metadata.version("scikit-learn")
+    source = f"sklearn.datasets.load_digits() (1,797 8x8 digits bundled with scikit-learn {version})"
+    for folder in spec.submodule_search_locations:
+        path = Path(folder) / "datasets" / "data" / "digits.csv.gz"
+        if path.is_file():
+            with gzip.open(path, "rt") as f:
+                table = np.loadtxt(f, delimiter=",")
+            if table.ndim != 2 or table.shape[1] != 65:
+                raise AiperfError(f"digits: {path} is not 65 columns of numbers; reinstall scikit-learn")
+            targets = table[:, -1]
+            if not np.array_equal(targets, np.round(targets)):
+                raise AiperfError(f"digits: {path} has labels that are not whole numbers; reinstall scikit-learn")
+            return table[:, :-1].reshape(-1, 8, 8), targets.astype(np.int64), source
+    from sklearn.datasets import load_digits as sklearn_digits
+
     bunch = sklearn_digits()
-    images = _as_uint8("digits", bunch.images, 16)[..., None]
-    labels = checked_labels("digits", bunch.target, 10, len(images))
+    return bunch.images, bunch.target, source
+
+
+def load_digits(cfg: DatasetConfig) -> Dataset:
+    values, targets, source = _digits_arrays()
+    images = _as_uint8("digits", values, 16)[..., None]
+    labels = checked_labels("digits", targets, 10, len(images))
     plan = plan_pool_split("digits", labels, cfg)
-    source = f"sklearn.datasets.load_digits() (1,797 8x8 digits bundled with scikit-learn {sklearn.__version__})"
     pool = (images, labels)
     return in_memory_dataset(
         "digits", source, 10, pool, pool, plan, pixel_scale=1.0 / 16.0, meta={"class_names": DIGIT_NAMES}

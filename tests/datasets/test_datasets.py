@@ -8,11 +8,14 @@ import io
 import os
 import pickle
 import struct
+import subprocess
+import sys
 from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
 import pytest
+from helpers import REPO
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
@@ -126,6 +129,22 @@ def test_digits_split_shapes_scale_and_balance():
     totals = np.bincount(np.concatenate([data.y_train, data.y_val]))
     assert np.all(np.abs(np.bincount(data.y_val) - 0.25 * totals) <= 0.5)
     assert data.overlap() == 0
+
+
+def test_digits_are_scikit_learns_arrays_read_without_importing_it():
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    data = load_dataset(DatasetConfig(name="digits", validation_fraction=0.25))
+    pool = np.concatenate([data.x_train, data.x_val])[..., 0]
+    assert row_hashes(pool) == row_hashes(bunch.images.astype(np.uint8))
+    assert np.array_equal(np.bincount(np.concatenate([data.y_train, data.y_val])), np.bincount(bunch.target))
+    code = (
+        "import sys; from aiperf.config import DatasetConfig; from aiperf.datasets import load_dataset; "
+        "load_dataset(DatasetConfig(name='digits')); print('sklearn' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.stdout.strip() == "False", out.stdout + out.stderr
 
 
 @pytest.mark.parametrize("name", ["mnist", "digits"])
