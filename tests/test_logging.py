@@ -105,7 +105,10 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_aiperf_v_run_shows_each_trials_lifecycle(tmp_path):
-    proc = _cli("-v", "run", "--config", "smoke", "--set", f"run.results_dir={tmp_path}", "--set", "run.max_trials=3")
+    proc = _cli(
+        "-v", "run", "--config", "smoke", "--set", f"run.results_dir={tmp_path}", "--set", "run.max_trials=3",
+        "--set", "run.time_budget_s=300",
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     for trial in ("t00000", "t00001", "t00002"):
         assert f"INFO aiperf.engine.master: trial {trial} proposed: " in proc.stderr
