@@ -116,6 +116,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="UNIX_TIME",
         help="refuse to start unless the run (its budget, and its stop) ends by then: a batch job's end",
     )
+    run.add_argument(
+        "--planned-nodes",
+        type=limits.PLANNED_NODES,
+        metavar="N",
+        help="the nodes the batch job was given (cluster.planned_nodes): the run records how many trained against"
+        " it, and one that trained on fewer is not official; a resumed run keeps the plan it started with",
+    )
 
     plan = sub.add_parser("plan", help="print how the run would be sized on the current cluster, run nothing")
     _config_args(plan)
@@ -234,6 +241,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         from aiperf.engine.deadline import check_must_end_by
 
         check_must_end_by(args, args.must_end_by)
+    if args.planned_nodes is not None and not args.resume:  # last: the launcher's count, whatever the --set say
+        args.overrides = [*(args.overrides or []), f"cluster.planned_nodes={args.planned_nodes}"]
     if args.repeat is not None:
         from aiperf.engine.repeat import run_repeated
 

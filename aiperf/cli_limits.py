@@ -107,6 +107,8 @@ def node_counts(text: str) -> list[int]:
 REPEAT = IntRange("--repeat", 1, 100)
 # A Unix time: up to the year 5138, past any batch job's end.
 MUST_END_BY = FloatRange("--must-end-by", 0.0, 1e11)
+# The nodes of a batch job, as cluster.planned_nodes (aiperf.config.MAX_NODES; not imported: pydantic).
+PLANNED_NODES = IntRange("--planned-nodes", 1, 16_384)
 
 # --- aiperf audit / aiperf check ---------------------------------------------------------------
 # Re-evaluating loads a trial's weights and runs its validation pass: a million covers every

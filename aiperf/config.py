@@ -326,6 +326,13 @@ class ClusterConfig(_Section):
     max_nodes: int | None = Field(
         None, ge=1, le=MAX_NODES, description="use at most this many nodes (head first); scaling studies"
     )
+    planned_nodes: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_NODES,
+        description="nodes the job was given (launch/aiperf.sbatch sets it): the run records how many trained"
+        " against it, and a run that trained on fewer is not official",
+    )
     min_concurrent_trials: int = Field(
         2, ge=1, le=1024, description="CPU-only runs oversubscribe cores to reach this (per run, not per node)"
     )

@@ -71,6 +71,8 @@ HOSTILE = [
     (["run", "--repeat", "0"], limits.REPEAT),
     (["run", "--repeat", "101"], limits.REPEAT),
     (["run", "--repeat", "99999999999999999999999999"], limits.REPEAT),
+    (["run", "--planned-nodes", "0"], limits.PLANNED_NODES),
+    (["run", "--planned-nodes", "16385"], limits.PLANNED_NODES),
     (["flops", "arch.json", "--batch-size", "0"], limits.BATCH_SIZE),
     (["flops", "arch.json", "--batch-size", str((1 << 20) + 1)], limits.BATCH_SIZE),
 ]

@@ -205,7 +205,7 @@ def test_gpu_job_starts_head_then_workers_runs_aiperf_and_tears_down(slurm):
 
     run = _index(calls, "python -m aiperf.cli run ")
     assert calls[run] == (
-        "python -m aiperf.cli run --address 10.0.0.1:6379 --config smoke --set run.time_budget_s=60"
+        "python -m aiperf.cli run --address 10.0.0.1:6379 --planned-nodes 3 --config smoke --set run.time_budget_s=60"
         " | auth=token mode=600"
     )
     # Head first, then (once the head answers) the workers, then (once all three nodes are up) the run.
@@ -257,7 +257,9 @@ def test_the_run_is_told_the_job_s_end_less_the_teardown(slurm):
     done = slurm.sbatch("--config", "smoke", SLURM_JOB_END_TIME="1900000000", FAKE_KILL_WAIT="12")
     assert done.returncode == 0, done.stderr
     run = slurm.calls()[_index(slurm.calls(), "python -m aiperf.cli run ")]
-    assert run.startswith("python -m aiperf.cli run --address 10.0.0.1:6379 --must-end-by 1899999993 --config smoke")
+    assert run.startswith(
+        "python -m aiperf.cli run --address 10.0.0.1:6379 --planned-nodes 3 --must-end-by 1899999993 --config smoke"
+    ), "the run is told the job's nodes and its end"
     assert "(within 7 s)" in done.stderr  # KillWait 12 s less 5
 
 
@@ -328,7 +330,7 @@ def test_single_node_job_needs_no_worker_step(tmp_path):
     assert done.returncode == 0, done.stderr
     calls = slurm.calls()
     assert [line.split()[1] for line in calls if line.startswith("srun ")] == ["--nodelist=node001"]
-    assert _index(calls, "python -m aiperf.cli run --address 10.0.0.1:6379 --config smoke")
+    assert _index(calls, "python -m aiperf.cli run --address 10.0.0.1:6379 --planned-nodes 1 --config smoke")
 
 
 @pytest.mark.parametrize(

@@ -103,12 +103,15 @@ def run_start_record(
         optional["seed_architecture"] = seed_graph.to_dict()
     if cfg.family != "image":  # an image run's header stays as it was
         optional["family"] = cfg.family
+    plan_header = PlanHeader(**plan.to_dict())
+    if cfg.cluster.planned_nodes is not None:  # absent otherwise: a header without a plan stays as it was
+        plan_header.planned_nodes = cfg.cluster.planned_nodes
     return RunStartRecord(
         run_id=run_id,
         config=ConfigHeader(**cfg.to_dict()),
         versions=software_versions(backend),
         system=SystemHeader(**system),
-        plan=PlanHeader(**plan.to_dict()),
+        plan=plan_header,
         dataset=dataset,
         rules=RulesHeader(**cfg.rules.model_dump()),
         **optional,

@@ -254,7 +254,8 @@ class _Node(_Shape):
 
 class PlanHeader(_Shape):
     backend: str | None = None
-    nodes: list[_Node] = []
+    nodes: list[_Node] = []  # the nodes at the run's start
+    planned_nodes: Count | None = None  # cluster.planned_nodes: the nodes the job was given (absent: none stated)
     concurrency: Count | None = None
     placement: str | None = None
     actors: str | None = None  # per_worker | per_node (absent before 2026-11-26: per_worker)

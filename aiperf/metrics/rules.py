@@ -25,6 +25,7 @@ from aiperf.ledger.schema import (
     RunStartRecord,
     RunStatus,
     RunStopRecord,
+    TrialStartRecord,
     of_type,
     run_records,
 )
@@ -45,6 +46,10 @@ FLOAT_POLICY_BITS = {
 }
 DURATION_RULE = "official duration"
 RECORDED_END_RULE = "recorded end"
+NODES_RULE = "planned nodes"
+# Rules an unofficial run may fail and stay valid: its score is honest about the work it did, but it is no
+# ranking of the system as planned (too short for the search to matter, or on fewer nodes than the job had).
+OFFICIAL_ONLY = frozenset({DURATION_RULE, NODES_RULE})
 
 
 @dataclass(frozen=True)
@@ -77,8 +82,9 @@ class VerdictDict(TypedDict):
 class Verdict:
     """All rules with their outcome, and whether the run is comparable with other runs of its workload.
 
-    ``valid`` ignores the duration rule; ``official`` needs it too, and needs the run to be the
-    official workload under that workload's own rules (:mod:`aiperf.metrics.workloads`).
+    ``valid`` ignores the duration and planned-nodes rules (``OFFICIAL_ONLY``); ``official`` needs
+    them too, and needs the run to be the official workload under that workload's own rules
+    (:mod:`aiperf.metrics.workloads`).
     """
 
     valid: bool
@@ -98,14 +104,14 @@ class Verdict:
         """``valid (official)``, ``valid (unofficial: ...)``, ``valid (custom rules: not comparable (...))``
         or ``invalid: <each failed rule>``, with the custom-rules label whenever it applies."""
         if not self.valid:
-            failed = [r.summary for r in self.rules if not r.passed and r.name != DURATION_RULE]
+            failed = [r.summary for r in self.rules if not r.passed and r.name not in OFFICIAL_ONLY]
             text = "invalid: " + "; ".join(failed)
             return f"{text}; {self._custom_note()}" if self.custom else text
         if self.custom:
             return f"valid ({self._custom_note()})"
         if self.official:
             return "valid (official)"
-        why = [r.summary for r in self.rules if r.name == DURATION_RULE and not r.passed]
+        why = [r.summary for r in self.rules if r.name in OFFICIAL_ONLY and not r.passed]
         if self.workload != OFFICIAL_WORKLOAD:
             why.append(f"workload {self.workload}, not the official {OFFICIAL_WORKLOAD}")
         return f"valid (unofficial: {'; '.join(why)})"
@@ -259,14 +265,31 @@ def _duration_rule(score: Score, minimum_s: float) -> RuleResult:
     return RuleResult(DURATION_RULE, passed, measured, required, _compare(f"run {measured}", passed, required))
 
 
-def evaluate_rules(records: Iterable[Record], score: Score | None = None) -> Verdict:
-    """Judge a ledger (its records in file order); ``score`` saves recomputing it when known."""
+def trained_nodes(records: Iterable[Record]) -> int:
+    """How many nodes trials started on (the nodes that did the run's work)."""
+    return len({r.node for r in of_type(records, TrialStartRecord) if r.node})
+
+
+def _nodes_rule(start: RunStartRecord, trained: int) -> RuleResult | None:
+    """Trials started on as many nodes as the job was given (None: the run states no plan, as on one machine)."""
+    planned = start.plan.planned_nodes
+    if planned is None:
+        return None
+    passed = trained >= planned
+    measured, required = f"{trained} node(s)", f"{planned} planned"
+    summary = f"trials ran on {trained} of the {planned} node(s) the job was given"
+    return RuleResult(NODES_RULE, passed, measured, required, summary if not passed else f"{summary} (all)")
+
+
+def evaluate_rules(records: Iterable[Record], score: Score | None = None, nodes: int | None = None) -> Verdict:
+    """Judge a ledger (its records in file order); ``score`` and ``nodes`` (:func:`trained_nodes`) save
+    recomputing them when known."""
     records = list(records)
     start = _header(records)
     rules = _thresholds(start)
     if score is None:
         score = compute_score(records)
-    results = (
+    results: tuple[RuleResult, ...] = (
         _accuracy_rule(score, rules.min_accuracy, start.family, rules.official_min_duration_s),
         _precision_rule(of_type(records, EpochRecord), rules.min_precision_bits),
         _held_out_rule(start),
@@ -275,7 +298,10 @@ def evaluate_rules(records: Iterable[Record], score: Score | None = None) -> Ver
         _recorded_end_rule(records),
         _duration_rule(score, rules.official_min_duration_s),
     )
+    planned = _nodes_rule(start, trained_nodes(records) if nodes is None else nodes)
+    if planned is not None:
+        results = (*results, planned)
     workload = identify(start)
-    valid = all(r.passed for r in results if r.name != DURATION_RULE)
+    valid = all(r.passed for r in results if r.name not in OFFICIAL_ONLY)
     official = valid and workload.official_workload and all(r.passed for r in results)
     return Verdict(valid, official, results, workload.workload, workload.reasons)

@@ -162,7 +162,9 @@ class StartFailures(TypedDict):
 class DeviceSummary(TypedDict):
     """The summary's ``devices`` section."""
 
-    nodes: int
+    nodes: int  # at the run's start
+    planned_nodes: int | None  # the nodes the job was given (cluster.planned_nodes), where stated
+    trained_nodes: int  # the nodes trials started on
     cpus: float
     gpus: float
     accelerators: list[str]
@@ -269,6 +271,7 @@ class RunDigest:
         self.by_status: dict[str, int] = {}
         self.step_known = self.step_reused = 0  # completed trials whose step reuse is known, and those reused
         self.arch_ids: set[str] = set()
+        self.trained_nodes: set[str] = set()  # the nodes trials started on
         # the best epoch and its trial
         self.best_key: tuple[float, int] | None = None
         self.best_epoch: EpochRecord | None = None
@@ -317,6 +320,7 @@ class RunDigest:
             self._close_span(rec.trial, rec.wall)  # a re-queued attempt's start ends the attempt before
             if rec.node:
                 self._open_spans[rec.trial] = {"trial": rec.trial, "node": rec.node, "start": rec.wall, "end": rec.wall}
+                self.trained_nodes.add(rec.node)
             flags = self.trial_flags.get(rec.trial)
             if flags is None or not flags & self._STARTED:
                 self.started += 1
@@ -451,7 +455,7 @@ class RunDigest:
         # The rules see the header, the first epoch of each precision (the precision rule keeps the weakest,
         # the first of equals) and the run's last record (the recorded end): all they read of the records.
         last = [self.last_run] if self.last_run is not None else []
-        verdict = evaluate_rules([start, *self.precision_epochs.values(), *last], score)
+        verdict = evaluate_rules([start, *self.precision_epochs.values(), *last], score, len(self.trained_nodes))
         width, rates = spread_rates(zip(self.lo, self.hi, self.amount, strict=True), self.epoch_end)
         steady = steadiness_of(width, rates, self.epochs)
         stop = self.stop
@@ -473,6 +477,8 @@ class RunDigest:
             "precision": sorted(self.precision_epochs),
             "devices": {
                 "nodes": len(plan.nodes),
+                "planned_nodes": plan.planned_nodes,
+                "trained_nodes": len(self.trained_nodes),
                 "cpus": sum(n.cpus for n in plan.nodes),
                 "gpus": sum(n.gpus for n in plan.nodes),
                 "accelerators": sorted({n.accelerator for n in plan.nodes if n.accelerator}),
@@ -714,6 +720,8 @@ def format_summary(summary: dict[str, Any], run_dir: str | Path) -> str:
     language = summary.get("language")
     devices = summary["devices"]
     where = ", ".join(f"{n} x {k}" for k, n in devices["workers_by_device"].items()) or "no workers recorded"
+    planned = devices.get("planned_nodes")  # absent from summaries written before 2026-12-07
+    planned = f" (trials on {devices.get('trained_nodes')} of the {planned} planned)" if planned is not None else ""
     lines = [
         f"aiperf result: run {summary['run_id']} ({summary['name']}), {summary['status']}",
         f"  score (OPS)          {s['ops_human']}  = {format_ops(s['total_ops'], 'OP')} counted"
@@ -728,7 +736,8 @@ def format_summary(summary: dict[str, Any], run_dir: str | Path) -> str:
         f"({format_statuses(summary['trials']['by_status'])}),"
         f" {summary['trials']['distinct_architectures']} distinct architectures, "
         f"{summary['trials']['epochs_counted']} epochs counted",
-        f"  devices              {devices['concurrency']} concurrent trials on {devices['nodes']} node(s): {where};"
+        f"  devices              {devices['concurrency']} concurrent trials on {devices['nodes']} node(s)"
+        f"{planned}: {where};"
         f" backend {summary['backend']}, precision {', '.join(summary['precision']) or '-'}",
         f"  efficiency           {format_efficiency(summary.get('efficiency'))}",
         f"  verdict              {v['headline']}",

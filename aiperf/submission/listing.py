@@ -192,6 +192,15 @@ def _watts(row: Row) -> str:
     return f"{format_ops(row.ops_per_watt, 'OPS/W')} ({row.energy_level})"
 
 
+def _nodes(row: Row) -> str:
+    """The nodes at the runs' start, and where trials ran on fewer than a job was given, how many of how many."""
+    text = str(row.nodes) if row.nodes is not None else "-"
+    planned, trained = row.planned_nodes, row.trained_nodes
+    if planned is not None and trained is not None and trained < planned:
+        text += f" (trials on {trained} of {planned} planned)"
+    return text
+
+
 def _official(row: Row) -> str:
     return "-" if row.official is None else ("yes" if row.official else "no")
 
@@ -211,7 +220,7 @@ COLUMNS: list[tuple[str, Callable[[Row], str]]] = [
     ("system", lambda r: r.system),
     ("submitter", lambda r: r.submitter or "-"),
     ("site", lambda r: r.site or "-"),
-    ("nodes", lambda r: str(r.nodes) if r.nodes is not None else "-"),
+    ("nodes", lambda r: _nodes(r)),
     ("accelerators", lambda r: r.accelerators or "-"),
     ("backend", lambda r: r.backend or "-"),
     ("precision", lambda r: r.precision or "-"),
@@ -273,7 +282,8 @@ def _csv_safe(value: object) -> object:
 
 
 CSV_FIELDS = (
-    "rank", "workload", "system", "submitter", "site", "nodes", "accelerators", "backend", "precision",
+    "rank", "workload", "system", "submitter", "site", "nodes", "planned_nodes", "trained_nodes", "accelerators",
+    "backend", "precision",
     "ops_per_s", "ops_olympic_mean", "ops_min", "ops_max", "ops_cv", "regulated", "regulated_cv", "tokens_per_s",
     "rpeak_flops", "ops_over_rpeak", "ops_over_ceiling", "engine_efficiency", "compile_critical_fraction",
     "ops_per_watt", "energy_level",
@@ -287,7 +297,8 @@ def csv_records(rows: Sequence[Row]) -> list[dict[str, Any]]:
     for r in rows:
         ops, reg = r.ops, r.regulated
         values = (
-            r.rank, r.workload, r.system, r.submitter, r.site, r.nodes, r.accelerators, r.backend, r.precision,
+            r.rank, r.workload, r.system, r.submitter, r.site, r.nodes, r.planned_nodes, r.trained_nodes,
+            r.accelerators, r.backend, r.precision,
             ops.median if ops else None, ops.olympic_mean if ops else None, ops.min if ops else None,
             ops.max if ops else None, ops.cv if ops else None, reg.median if reg else None, reg.cv if reg else None,
             r.tokens_per_s,

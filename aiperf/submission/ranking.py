@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -51,6 +51,8 @@ class Row:
     submitter: str | None = None
     site: str | None = None
     nodes: int | None = None
+    planned_nodes: int | None = None  # the nodes the runs' jobs were given, where stated (the most of them)
+    trained_nodes: int | None = None  # the nodes trials ran on (the fewest of the runs)
     accelerators: str | None = None  # "8 x NVIDIA H100 80GB HBM3", "2 x AMD EPYC 7763 (cores)"
     devices: tuple[DevicePoint, ...] = ()
     backend: str | None = None
@@ -229,6 +231,12 @@ def _caveat(summaries: Sequence[Mapping[str, Any]]) -> str | None:
     return "; ".join(f"{kind} in {n} of {len(summaries)} run(s)" for kind, n in sorted(counts.items()))
 
 
+def _extreme(pick: Callable[[list[float]], float], values: list[float | None]) -> int | None:
+    """``pick`` (min or max) of the runs' counts that are stated, as a whole number; None when none is."""
+    known = [v for v in values if v is not None]
+    return int(pick(known)) if known else None
+
+
 def _all_true(summaries: Sequence[Mapping[str, Any]], key: str) -> bool | None:
     values = [_section(s, "verdict").get(key) for s in summaries]
     if not values or any(not isinstance(v, bool) for v in values):
@@ -263,6 +271,8 @@ def combine_runs(
         submitter=_text(description.get("submitter")),
         site=_text(_section(description, "top500").get("site")),
         nodes=int(nodes) if nodes is not None else None,
+        planned_nodes=_extreme(max, [finite_number(_section(s, "devices").get("planned_nodes")) for s in summaries]),
+        trained_nodes=_extreme(min, [finite_number(_section(s, "devices").get("trained_nodes")) for s in summaries]),
         accelerators=_accelerators_text(points, description),
         devices=points,
         backend=_one_of(_text(s.get("backend")) for s in summaries),

@@ -17,6 +17,7 @@ They listen on this host's address (Ray binds to the node address ``ray start`` 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -261,6 +262,12 @@ def test_a_worker_step_killed_mid_run_requeues_its_trial_and_the_run_completes(s
     workers = [(r["worker"], r["node"], r["retired"]) for r in records if r["type"] == "worker"]
     assert [r for r in records if r["type"] == "requeue"], f"the killed node's trial was not re-queued: {workers}"
     assert _verify(_run_dir(results)).returncode == 0
+    # The job's two nodes, as the launcher told the run, against the two that trained (n2 did before its death).
+    assert records[0]["plan"]["planned_nodes"] == 2
+    summary = json.loads((_run_dir(results) / "summary.json").read_text())
+    assert (summary["devices"]["planned_nodes"], summary["devices"]["trained_nodes"]) == (2, 2)
+    [rule] = [r for r in summary["verdict"]["rules"] if r["name"] == "planned nodes"]
+    assert rule["passed"], rule
     # A node killed with SIGKILL cannot remove its temporary folder (as after a crash); the others are gone.
     killed = f"/tmp/aiperf-ray-{job}-n2"
     _wait_for("the job's processes to be gone", lambda: not set(_left_behind(job, job_dir)) - {killed}, 30)

@@ -308,3 +308,36 @@ def test_a_language_run_below_its_quality_gives_the_limit_in_bits_per_byte_and_n
     full = by_name(evaluate_rules(language(run(acc=0.55, last_t=4000.0))))["quality"]
     assert not full.passed and "trains too little" not in full.summary  # a full-length run: no such excuse
     assert by_name(evaluate_rules(language(run(acc=0.75, last_t=240.0))))["quality"].passed
+
+
+def _on_nodes(records, planned, nodes):
+    """``records`` with ``planned`` nodes in the header and one trial started on each of ``nodes``."""
+    records = edit_header(records, lambda f: f["plan"].update(planned_nodes=planned))
+    starts = [
+        TrialStartRecord(t=1.0, trial=f"t{k:05d}", kind="seed", arch_id="a", flops={"train_per_image": 1.0}, params=1,
+                         node=node)
+        for k, node in enumerate(nodes, start=1)
+    ]  # fmt: skip
+    return [records[0], *starts, *records[1:]]
+
+
+def test_a_run_that_trained_on_every_planned_node_stays_official_and_says_so():
+    v = evaluate_rules(_on_nodes(run(), 3, ["n1", "n2", "n3", "n1"]))
+    assert (v.valid, v.official, v.headline()) == (True, True, "valid (official)")
+    rule = by_name(v)["planned nodes"]
+    assert rule.passed and (rule.measured, rule.required) == ("3 node(s)", "3 planned")
+
+
+def test_a_run_on_fewer_nodes_than_its_job_had_is_valid_but_unofficial_with_the_count():
+    v = evaluate_rules(_on_nodes(run(), 4, ["n1", "n2", "n2"]))
+    assert (v.valid, v.official) == (True, False), "the score is honest about the work; it ranks no 4-node system"
+    assert v.headline() == "valid (unofficial: trials ran on 2 of the 4 node(s) the job was given)"
+    bad = evaluate_rules(_on_nodes(run(acc=0.5), 4, ["n1"]))
+    assert bad.headline() == "invalid: best validation top-1 0.5 < 0.7 required", "an invalid run names what broke it"
+
+
+def test_a_run_without_a_plan_has_no_planned_nodes_rule_and_a_given_count_is_used_as_is():
+    assert "planned nodes" not in by_name(evaluate_rules(run()))
+    records = _on_nodes(run(), 2, [])
+    assert not by_name(evaluate_rules(records))["planned nodes"].passed
+    assert by_name(evaluate_rules(records, nodes=2))["planned nodes"].passed  # the summary counts while it reads

@@ -139,6 +139,21 @@ def test_a_ranked_row_whose_runs_shared_their_machine_says_so_in_its_note():
     assert combine_runs("pkg", "sys", "smoke", [quiet], describe("Quiet"), True).caveat is None
 
 
+def test_a_row_whose_runs_trained_on_fewer_nodes_than_their_jobs_had_says_how_many_of_how_many():
+    full, short = summary(1.0e12), summary(1.1e12)
+    full["devices"] = {"nodes": 4, "planned_nodes": 4, "trained_nodes": 4}
+    short["devices"] = {"nodes": 3, "planned_nodes": 4, "trained_nodes": 3}
+    r = combine_runs("pkg", "sys", "smoke", [full, short], describe("Half Iron"), True)
+    assert (r.nodes, r.planned_nodes, r.trained_nodes) == (4, 4, 3), "the fewest nodes any run trained on"
+    assert "4 (trials on 3 of 4 planned)" in listing.format_table(rank_rows([r]), "ops")
+    record = csv_records([r])[0]
+    assert (record["planned_nodes"], record["trained_nodes"]) == (4, 3)
+    plain = combine_runs("pkg", "sys", "smoke", [full], describe("Full"), True)
+    assert "planned" not in listing.format_table(rank_rows([plain]), "ops"), "a full job needs no remark"
+    unstated = combine_runs("pkg", "sys", "smoke", [summary(1e12)], describe("Lone"), True)
+    assert (unstated.planned_nodes, unstated.trained_nodes) == (None, None)
+
+
 def test_five_runs_give_the_olympic_mean():
     runs = [summary(v * 1e9) for v in (1, 2, 3, 4, 100)]
     r = combine_runs("pkg", "sys", "smoke", runs, {}, True)
