@@ -3,56 +3,10 @@
 from __future__ import annotations
 
 import subprocess
-from collections import Counter
 from pathlib import Path
 
 import pytest
 from helpers import REPO, SMOKE_RUN_SETTINGS, aiperf_cmd, cli_env, made_once, simulated_run
-
-
-def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto`` (pyproject's addopts): one test process more than the box has cores, within its memory.
-
-    The slow tests start real runs that spend much of their time waiting (for Ray and framework
-    start-up, budgets, a killed node's silence), so one process per core leaves the cores idle:
-    on the 2-core VM the suite kept them 88 % busy on two processes and finished its engine and
-    ledger tests in 447 s on three against 576 s on two (benchmarks/RESULTS.md). A real run holds
-    up to ~4 GiB (Ray, two framework workers), hence the memory cap.
-    """
-    import psutil
-
-    cores = psutil.cpu_count(logical=True) or 1
-    return max(1, min(cores + 1, psutil.virtual_memory().total // (4 * 2**30)))
-
-
-# The files that cost the most worker time, most first (pytest --durations=0 on the 2-core VM, 2026-12-07).
-LONGEST_FILES = (
-    "cluster/test_real_slurm.py",
-    "cluster/test_multinode.py",
-    "engine/test_streaming_run.py",
-    "cluster/test_control_plane.py",
-    "submission/test_package.py",
-    "cluster/test_compile_ahead_run.py",
-    "test_llm_run.py",
-    "engine/test_output_safety.py",
-    "engine/test_repeat.py",
-    "submission/test_list.py",
-    "engine/test_audit.py",
-    "families/language/test_lm_model.py",
-    "cluster/test_node_agent.py",
-)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The longest files first, then those with the most slow tests (stable: each file's tests stay together).
-
-    ``--dist loadfile`` hands files out in this order: the long ones start at once and the short
-    ones fill the gaps at the end, instead of one long file running on alone while the others idle.
-    """
-    here = Path(__file__).parent
-    rank = {here / name: k for k, name in enumerate(LONGEST_FILES)}
-    slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
-    items.sort(key=lambda item: (rank.get(item.path, len(rank)), -slow[item.path]))
 
 
 @pytest.fixture(scope="session")
