@@ -59,6 +59,7 @@ class _Signals:
 
     def __init__(self) -> None:
         self.master: Master | None = None
+        self.telemetry: TelemetryRecorder | None = None
         self.count = 0
 
     def __enter__(self) -> _Signals:
@@ -71,6 +72,8 @@ class _Signals:
         self.count += 1
         if self.master is not None and self.count == 1:
             self.master.request_stop("terminated (SIGTERM)")
+            if self.telemetry is not None:
+                self.telemetry.run_stopping()
         else:
             raise SystemExit(143)
 
@@ -349,7 +352,7 @@ def _session(
 def _watched(master: Master, telemetry: TelemetryRecorder, nodes: list[NodeInfo]) -> Iterator[None]:
     """While the master runs: SIGTERM asks it to stop, and the nodes are sampled."""
     with _Signals() as signals:
-        signals.master = master
+        signals.master, signals.telemetry = master, telemetry
         telemetry.start(nodes)
         try:
             yield

@@ -452,6 +452,7 @@ class TelemetryRecorder:
         self.meter = meter
         self._actors: dict[str, Any] = {}  # node id -> its sampler's Ray actor handle
         self._stop = threading.Event()
+        self._run_stopping = threading.Event()  # the run was signalled: a sampler that dies now went with the job
         self._thread: threading.Thread | None = None
         self._fh: TextIO | None = None
         self.samples = 0
@@ -542,7 +543,18 @@ class TelemetryRecorder:
                 self.write({**reading, "node": node, "wall": asked, "node_wall": reading["wall"]})
             except Exception as exc:  # the node or its actor died: record it once, stop asking it
                 self._actors.pop(node, None)
+                if self._run_stopping.is_set():  # scancel, a time limit: the batch system stopped the node too
+                    logger.debug("telemetry sampler on node %s ended with the run: %s", node, exc)
+                    continue
                 self.write({"wall": round(time.time(), 3), "node": node, "error": first_line(exc)})
+
+    def run_stopping(self) -> None:
+        """The run was signalled to stop (SIGTERM): samplers that stop answering from now on are not lost nodes.
+
+        A batch system signals every process of a job at once, the nodes' Ray processes with the
+        master, so their samplers die while the master is still writing its results.
+        """
+        self._run_stopping.set()
 
     def open(self) -> bool:
         """Open ``telemetry.jsonl`` to append (``start`` does); False, reported, when it cannot be written.

@@ -287,6 +287,8 @@ def test_scancel_mid_run_ends_it_interrupted_and_leaves_nothing(slurm, tmp_path)
     assert records[-1]["type"] == "run_stop" and records[-1]["status"] == "interrupted"
     ends = [r for r in records if r["type"] == "trial_end"]
     assert ends and not [r for r in ends if r["status"] == "unresponsive"], "the job's end is not a fault"
+    telemetry = json.loads((_run_dir(results) / "summary.json").read_text()).get("telemetry") or {}
+    assert not telemetry.get("nodes_lost"), f"nodes the job's end stopped counted as lost: {telemetry}"
     assert teardown_s < KILL_WAIT_S + 5, f"the teardown outlived KillWait: {teardown_s:.0f} s"
     print(f"slurm job: scancel to nothing left {teardown_s:.1f} s (KillWait {KILL_WAIT_S} s)")
 

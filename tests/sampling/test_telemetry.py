@@ -197,3 +197,44 @@ def test_the_run_stop_binds_every_byte_of_telemetry_across_sessions(tmp_path):
     path.unlink()
     assert read_bound_telemetry(tmp_path, binding) == BoundTelemetry([], False)
     assert read_bound_telemetry(tmp_path, None) == BoundTelemetry([], None)  # a ledger that binds none
+
+
+class _Sampler:
+    """A node's sampler actor as the recorder calls it: ``sample.remote()`` gives what ``ray.get`` returns."""
+
+    def __init__(self, node: str, alive: bool = True) -> None:
+        self.node, self.alive = node, alive
+        self.sample = types.SimpleNamespace(remote=lambda: self)
+
+
+def _fake_ray() -> types.ModuleType:
+    fake = types.ModuleType("ray")
+
+    def get(sampler):
+        if not sampler.alive:
+            raise RuntimeError(f"the actor on {sampler.node} died unexpectedly")
+        return {"wall": 1.0, "cpu_percent": 10.0}
+
+    fake.wait = lambda refs, num_returns, timeout: (list(refs), [])
+    fake.get = get
+    return fake
+
+
+def test_a_sampler_lost_mid_run_is_a_lost_node_and_one_lost_after_the_run_was_signalled_is_not(tmp_path, monkeypatch):
+    from aiperf.sampling.telemetry import TelemetryRecorder
+
+    monkeypatch.setitem(sys.modules, "ray", _fake_ray())
+    recorder = TelemetryRecorder(tmp_path, 5.0)
+    assert recorder.open()
+    n2, n3 = _Sampler("n2"), _Sampler("n3")
+    recorder._actors = {"n1": _Sampler("n1"), "n2": n2, "n3": n3}
+    n2.alive = False  # dies while the run goes on
+    recorder.sample_once()
+    recorder.run_stopping()  # SIGTERM to the master: scancel or the job's time limit
+    n3.alive = False  # the batch system stopped its node too
+    recorder.sample_once()
+    recorder.stop()
+    samples = [json.loads(line) for line in (tmp_path / "telemetry.jsonl").read_text().splitlines()]
+    out = summarize_telemetry(samples)
+    assert out["nodes_lost"] == ["n2"], "only the node that died during the run"
+    assert out["samples"] == 2 + 1 and out["nodes"] == 2  # n1 twice, n3 before the signal
