@@ -245,6 +245,8 @@ class ScaleResult:
     ledger_records: int = 0
     ledger_bytes: int = 0
     windows: list[WindowRow] = field(default_factory=list)
+    head_cpu: str = ""  # the CPU the simulation ran on (the head's), and its single-core speed: figures
+    head_speed: float = 0.0  # from different heads compare through it (head_speed(); 0: not measured)
 
 
 def _busy(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
@@ -415,6 +417,36 @@ def simulate(
     )
 
 
+def head_speed(rounds: int = 5, seconds: float = 0.2) -> float:
+    """One core's speed at the start-up fill's kind of work, in rounds per second (best of ``rounds``).
+
+    A fixed pure-Python workload, independent of aiperf's code so that figures stay comparable across
+    versions: a 64-node layer graph built as dicts, sorted into topological order, encoded as sorted
+    JSON and hashed -- what making, keying and counting a child architecture spends its time on.
+    """
+    import hashlib
+
+    def one() -> None:
+        nodes = {f"n{k}": {"op": ("conv", "bn", "relu", "add")[k % 4], "width": 8 + k % 57, "inputs": [f"n{k - 1}"]}
+                 for k in range(1, 64)}  # fmt: skip
+        nodes["n0"] = {"op": "input", "width": 3, "inputs": []}
+        order, seen = [], set()
+        for name in sorted(nodes, key=lambda n: int(n[1:])):
+            if all(i in seen for i in nodes[name]["inputs"]):
+                order.append(name)
+                seen.add(name)
+        hashlib.sha1(json.dumps([nodes[n] for n in order], sort_keys=True).encode()).hexdigest()
+
+    best = 0.0
+    for _ in range(rounds):
+        done, t0 = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - t0) < seconds:
+            one()
+            done += 1
+        best = max(best, done / elapsed)
+    return best
+
+
 def _row(r: ScaleResult) -> str:
     busy = "-" if r.first_trial_all_busy_s is None else f"{r.first_trial_all_busy_s:.1f}"
     mean = "-" if r.first_trial_mean_s is None else f"{r.first_trial_mean_s:.2f}"
@@ -502,6 +534,10 @@ def main(argv: list[str] | None = None) -> int:
     counts = [int(x) for x in args.workers.split(",") if x.strip()]
     base = Path(args.ledger_dir) if args.ledger_dir else Path(tempfile.mkdtemp(prefix="scale-sim-"))
     window_s = 60 * args.window_minutes if args.window_minutes else None
+    from aiperf.training.backend import cpu_model
+
+    head = (cpu_model(), head_speed())
+    print(f"scale_sim: head {head[0]}, single-core speed {head[1]:,.0f} rounds/s (head_speed())", flush=True)
     print(
         f"scale_sim: {args.trial_minutes:g}-minute trials of {args.epochs} epochs, "
         f"{args.trials_per_worker:g} trial lengths per run, {args.ray_call_us:g} us of Ray's call charged a"
@@ -526,6 +562,7 @@ def main(argv: list[str] | None = None) -> int:
         )  # fmt: skip
         if profiler:
             profiler.disable()
+        r.head_cpu, r.head_speed = head
         results.append(r)
         print(_row(r), flush=True)
         if r.startup_nodes_in_master:
