@@ -9,7 +9,7 @@ import shutil
 
 import pandas as pd
 import pytest
-from helpers import page_health, render_in_chromium, run_cli
+from helpers import page_health, render_in_chromium
 
 from aiperf import cli
 from aiperf.errors import AiperfError
@@ -21,7 +21,6 @@ from aiperf.submission.listing import (
     format_csv,
     format_markdown,
     format_table,
-    make_list,
     read_rows,
 )
 from aiperf.submission.ranking import RANK_KEYS, Row, combine_runs, rank_rows
@@ -489,39 +488,6 @@ def test_chromium_renders_the_list_without_script_errors_and_sorts(tmp_path):
     assert len(systems) == 4 and [s for s in systems if s[0].isalpha()] == ["Bad", "plain", "small"], systems
     ops = [float(v) for v in _dom_attribute(dom, "data-by-ops")]
     assert ops == sorted(ops) and [float(v) for v in _dom_attribute(dom, "data-by-ops-desc")] == sorted(ops)[::-1]
-
-
-# --- real packages (fixtures from tests/submission/conftest.py) --------------------------------
-
-
-@pytest.mark.slow
-def test_list_of_a_real_package_through_the_cli(package_dir, tmp_path):
-    html_path, csv_path, md_path = tmp_path / "list.html", tmp_path / "list.csv", tmp_path / "list.md"
-    proc = run_cli("list", str(package_dir), "--html", str(html_path), "--csv", str(csv_path), "--md", str(md_path))
-    assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.splitlines()
-    assert lines[0].startswith("rank") and re.match(r"1\s+smoke\s", lines[1]), proc.stdout
-    assert lines[1].rstrip().endswith("accepted") and "1 of 1 row(s) ranked by OPS" in proc.stdout
-    frame = pd.read_csv(csv_path)
-    assert frame["runs"][0] == 2 and frame["ops_per_s"][0] > 0 and frame["ops_cv"][0] >= 0
-    assert 0 < frame["ops_over_ceiling"][0] <= 1
-    ready, images, caught, console_errors = page_health(html_path, tmp_path)
-    assert ready and caught is None and not console_errors, (caught, console_errors)
-    assert images is not None and images[0] == images[1]
-
-
-@pytest.mark.slow
-def test_a_tampered_package_is_listed_below_with_its_finding(package_dir, tmp_path):
-    tampered = tmp_path / "tampered"
-    shutil.copytree(package_dir, tampered)
-    summary_path = next(tampered.glob("results/*/*/run_1/summary.json"))
-    data = json.loads(summary_path.read_text())
-    data["score"]["ops_per_s"] *= 100
-    summary_path.write_text(json.dumps(data))
-    table = make_list([package_dir, tampered], "ops")
-    lines = table.splitlines()
-    assert lines[1].startswith("1 ") and lines[2].startswith("- ") and lines[2].rstrip().endswith("rejected")
-    assert re.search(r"rejected: .*summary\.json", table), table
 
 
 # --- hostile descriptions (issue 45, cases 3, 4 and 14) --------------------------------------------

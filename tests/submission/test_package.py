@@ -23,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 import psutil
 import pytest
-from helpers import REPO, aiperf_cmd, cli_env, run_cli
+from helpers import REPO, aiperf_cmd, cli_env, page_health, run_cli
 from submission_fixtures import AUDIT_SAMPLE, SYSTEM
 
 from aiperf import cli
@@ -31,6 +31,7 @@ from aiperf.errors import AiperfError
 from aiperf.metrics.workloads import WORKLOADS
 from aiperf.submission import layout
 from aiperf.submission.layout import MANIFEST, PACKAGE_JSON, inside, is_portable, portable_name, read_package_json
+from aiperf.submission.listing import make_list
 from aiperf.submission.manifest import file_sha256, manifest_text, read_manifest
 from aiperf.submission.tree import walk
 
@@ -641,3 +642,38 @@ def test_a_log_far_larger_than_its_ledger_gives_is_a_finding_before_it_is_read(p
     reseal(pkg)
     lines = rejected_for(pkg, f"{ENTRY}/run_1/mllog.txt:", "bytes; the log its ledger gives has")
     assert not [line for line in lines if "run_1/mllog.txt" in line and "compliance" in line.lower()]
+
+
+# --- aiperf list of the real package ------------------------------------------------------------
+# Here rather than in test_list.py: xdist hands each file to one worker, and a second worker asking for the
+# session's package waited idle (81 s in a measured suite) while this file's worker made it.
+
+
+@pytest.mark.slow
+def test_list_of_a_real_package_through_the_cli(package_dir, tmp_path):
+    html_path, csv_path, md_path = tmp_path / "list.html", tmp_path / "list.csv", tmp_path / "list.md"
+    proc = run_cli("list", str(package_dir), "--html", str(html_path), "--csv", str(csv_path), "--md", str(md_path))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("rank") and re.match(r"1\s+smoke\s", lines[1]), proc.stdout
+    assert lines[1].rstrip().endswith("accepted") and "1 of 1 row(s) ranked by OPS" in proc.stdout
+    frame = pd.read_csv(csv_path)
+    assert frame["runs"][0] == 2 and frame["ops_per_s"][0] > 0 and frame["ops_cv"][0] >= 0
+    assert 0 < frame["ops_over_ceiling"][0] <= 1
+    ready, images, caught, console_errors = page_health(html_path, tmp_path)
+    assert ready and caught is None and not console_errors, (caught, console_errors)
+    assert images is not None and images[0] == images[1]
+
+
+@pytest.mark.slow
+def test_a_tampered_package_is_listed_below_with_its_finding(package_dir, tmp_path):
+    tampered = tmp_path / "tampered"
+    shutil.copytree(package_dir, tampered)
+    summary_path = next(tampered.glob("results/*/*/run_1/summary.json"))
+    data = json.loads(summary_path.read_text())
+    data["score"]["ops_per_s"] *= 100
+    summary_path.write_text(json.dumps(data))
+    table = make_list([package_dir, tampered], "ops")
+    lines = table.splitlines()
+    assert lines[1].startswith("1 ") and lines[2].startswith("- ") and lines[2].rstrip().endswith("rejected")
+    assert re.search(r"rejected: .*summary\.json", table), table
