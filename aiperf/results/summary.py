@@ -16,7 +16,7 @@ from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 from aiperf.errors import AiperfError, os_error
 from aiperf.ledger.files import write_atomic
@@ -163,8 +163,8 @@ class DeviceSummary(TypedDict):
     """The summary's ``devices`` section."""
 
     nodes: int  # at the run's start
-    planned_nodes: int | None  # the nodes the job was given (cluster.planned_nodes), where stated
-    trained_nodes: int  # the nodes trials started on
+    planned_nodes: NotRequired[int]  # the nodes the job was given (cluster.planned_nodes), where stated
+    trained_nodes: NotRequired[int]  # the nodes trials started on, where a plan is stated
     cpus: float
     gpus: float
     accelerators: list[str]
@@ -446,6 +446,13 @@ class RunDigest:
             "best_bits_per_byte_epoch": best[2] if best is not None else None,
         }
 
+    def _planned_nodes(self, planned: int | None) -> dict[str, int]:
+        """The nodes the job was given and those trials ran on, where the run states a plan.
+
+        Absent otherwise, so a summary.json written before 2026-12-07 still matches its recomputation.
+        """
+        return {} if planned is None else {"planned_nodes": planned, "trained_nodes": len(self.trained_nodes)}
+
     def summary(self) -> dict[str, Any]:
         """Everything the run claims: what :func:`summarize` returns for the records added."""
         start, workers = self.start, self.workers
@@ -477,8 +484,7 @@ class RunDigest:
             "precision": sorted(self.precision_epochs),
             "devices": {
                 "nodes": len(plan.nodes),
-                "planned_nodes": plan.planned_nodes,
-                "trained_nodes": len(self.trained_nodes),
+                **self._planned_nodes(plan.planned_nodes),
                 "cpus": sum(n.cpus for n in plan.nodes),
                 "gpus": sum(n.gpus for n in plan.nodes),
                 "accelerators": sorted({n.accelerator for n in plan.nodes if n.accelerator}),
