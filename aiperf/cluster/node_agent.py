@@ -340,12 +340,27 @@ class NodeAgent:
             slot.prepare(spec.to_dict())
 
     def _next_behind(self, key: int, started: TrialSpec) -> TrialSpec | None:
-        """Slot ``key`` started ``started``: the trial waiting first behind it, if any."""
+        """Slot ``key`` started ``started`` (or gave it up): the trial waiting first behind it, if any."""
         with self._changed:
             waiting = self._waiting.get(key, [])
             if started in waiting:
                 waiting.remove(started)
+                self._changed.notify_all()  # the trial behind it may go
             return waiting[0] if waiting else None
+
+    def _await_turn(self, key: int, spec: TrialSpec) -> None:
+        """Wait until ``spec`` is the first trial waiting for slot ``key``: a slot runs its trials in the order
+        they came, from any call.
+
+        Each call's trials run on a thread of their own, and threads waiting for one slot (while it starts,
+        or behind a trial) take it in no set order: a later call's trial could start first, and the trial
+        compiled ahead for the place behind it would not be the one that comes next. Each call queues its
+        trials in its own order, so the first waiting is always its thread's next: no thread waits on another
+        that waits on it.
+        """
+        with self._changed:
+            while (waiting := self._waiting.get(key)) and spec in waiting and waiting[0] != spec:
+                self._changed.wait()
 
     def _relay(self, key: int, worker_id: str, start: StartWeights) -> Generator[TrialMessage, None, None]:
         """Run a trial on slot ``key`` from the weights fetched for it; its messages as its process sends them.
@@ -353,18 +368,20 @@ class NodeAgent:
         The trial waiting first behind it on the slot is sent to be compiled ahead meanwhile.
         """
         try:
+            self._await_turn(key, start.spec)
             slot = self._slot(key)
-        except SlotLost:
-            self._next_behind(key, start.spec)
+            if slot.worker_id != worker_id:  # the worker was lost and its slot started again for another
+                raise SlotLost(f"worker {worker_id} is gone: its slot now runs worker {slot.worker_id}")
+        except BaseException:
+            self._next_behind(key, start.spec)  # gave up its place: the trials behind it may go
             raise
-        if slot.worker_id != worker_id:  # the worker was lost and its slot started again for another
-            self._next_behind(key, start.spec)
-            raise SlotLost(f"worker {worker_id} is gone: its slot now runs worker {slot.worker_id}")
         with slot.lock:
             slot.training = True
             try:
-                slot.send(("run", start.spec.to_dict(), start.parent, start.resume))
-                behind = self._next_behind(key, start.spec)
+                try:
+                    slot.send(("run", start.spec.to_dict(), start.parent, start.resume))
+                finally:
+                    behind = self._next_behind(key, start.spec)
                 if behind is not None and self._ahead:
                     slot.prepare(behind.to_dict())
                 while True:

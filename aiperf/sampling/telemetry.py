@@ -70,6 +70,10 @@ TELEMETRY_NAME = "telemetry.jsonl"
 MAX_POWER_READINGS = 4096  # a node's power readings waiting for the master (34 min at 2 a second)
 MAX_SAMPLE_BYTES = 1 << 20  # a node's sample with 8 accelerators and its RAPL zones is about 2 KB
 _SAMPLE_TIMEOUT_S = 10.0  # a node slower than this to answer misses the sample, not the run
+# At the run's end: how long the sampling thread and the samplers' release may take. A batch system that ends
+# the job (scancel, the time limit) stops Ray's control plane with the master, and a call into Ray then waits
+# for its own timeout (a minute): longer than Slurm's KillWait, and the run_stop, written after, was lost.
+_STOP_WAIT_S = 2.0
 # CPU or GPU time used outside the run, as a share of the host's capacity, from which the
 # verdict notes a shared machine: well above what the OS, the sampler's neighbours and short-lived
 # tools use on an idle host, well below what a second run on the host takes (about half of it).
@@ -455,6 +459,7 @@ class TelemetryRecorder:
         self._run_stopping = threading.Event()  # the run was signalled: a sampler that dies now went with the job
         self._thread: threading.Thread | None = None
         self._fh: TextIO | None = None
+        self._file_lock = threading.Lock()  # a sample is written whole, and none after the file is closed
         self.samples = 0
         self.failure: str | None = None  # why telemetry stopped early, if it did
         self._digest = hashlib.sha256()  # of every byte of the file, what an earlier session wrote included
@@ -520,9 +525,7 @@ class TelemetryRecorder:
     def _give_up(self, reason: str) -> None:
         self.failure = reason
         self._stop.set()
-        with contextlib.suppress(OSError):
-            if self._fh is not None and not self._fh.closed:
-                self._fh.close()
+        self._close()
         logger.warning(f"telemetry stopped: {reason}; the run goes on without it")
 
     def sample_once(self) -> None:
@@ -574,13 +577,21 @@ class TelemetryRecorder:
         return True
 
     def write(self, sample: dict[str, Any]) -> None:
-        """Append one sample (a line of JSON) and flush it."""
-        if self._fh is None or self._fh.closed:
-            return
-        self._append(json.dumps(sample, sort_keys=True) + "\n")  # ASCII: json.dumps escapes the rest
-        self._fh.flush()
-        if "error" not in sample:
-            self.samples += 1
+        """Append one sample (a line of JSON) and flush it; nothing once the recorder stopped."""
+        line = json.dumps(sample, sort_keys=True) + "\n"  # ASCII: json.dumps escapes the rest
+        with self._file_lock:
+            if self._fh is None or self._fh.closed:
+                return
+            self._append(line)
+            self._fh.flush()
+            if "error" not in sample:
+                self.samples += 1
+
+    def _close(self) -> None:
+        """Close the file: what it holds now is what the run_stop binds (a sample asked for later is dropped)."""
+        with self._file_lock, contextlib.suppress(OSError):  # a full disk: what was written is what there is
+            if self._fh is not None and not self._fh.closed:
+                self._fh.close()
 
     def _append(self, text: str) -> None:
         assert self._fh is not None
@@ -601,23 +612,35 @@ class TelemetryRecorder:
         return {"telemetry_bytes": self._bytes, "telemetry_sha256": self._digest.hexdigest()}
 
     def stop(self) -> None:
-        """Stop polling, release the samplers and close the file (safe to call twice)."""
+        """Stop polling, close the file and release the samplers, within seconds whatever Ray does (safe to call
+        twice).
+
+        The file is closed first: a round of samples still waiting on Ray writes nothing after it, so
+        the thread is not waited for beyond ``_STOP_WAIT_S``. The samplers are released on a thread of
+        their own, waited for as long: a node gone with the job (or a control plane that no longer
+        answers) cannot hold the run's end; its sampler goes with its Ray node.
+        """
         self._stop.set()
+        self._close()
         if self._thread is not None:
-            self._thread.join(timeout=self.interval_s + _SAMPLE_TIMEOUT_S + 5)
+            self._thread.join(timeout=_STOP_WAIT_S)
             self._thread = None
         if self._actors:
-            import ray
+            actors, self._actors = list(self._actors.values()), {}
+            release = threading.Thread(target=_release, args=(actors,), name="aiperf-telemetry-release", daemon=True)
+            release.start()
+            release.join(timeout=_STOP_WAIT_S)
 
-            for actor in self._actors.values():
-                try:
-                    ray.kill(actor)
-                except Exception as exc:  # already gone with its node
-                    logger.debug("releasing a telemetry sampler: %s", exc)
-            self._actors.clear()
-        if self._fh is not None and not self._fh.closed:
-            with contextlib.suppress(OSError):  # a full disk: what was written is what there is
-                self._fh.close()
+
+def _release(actors: list[Any]) -> None:
+    """End each sampler actor (the run is over); one already gone with its node is skipped."""
+    import ray
+
+    for actor in actors:
+        try:
+            ray.kill(actor)
+        except Exception as exc:  # already gone with its node
+            logger.debug("releasing a telemetry sampler: %s", exc)
 
 
 # --- reading and summarising ----------------------------------------------------------------

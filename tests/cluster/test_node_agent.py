@@ -23,6 +23,7 @@ from helpers import aiperf_cmd, cli_env, killed_if_left, start_cli
 
 from aiperf.cluster.messages import TrialDone, TrialEnded, TrialStarted
 from aiperf.cluster.node_agent import NodeAgent, SlotLost, _SlotProcess, device_shares
+from aiperf.cluster.node_weights import StartWeights
 from aiperf.ledger.store import read_raw_ledger
 from aiperf.training.trial import TrialSpec
 
@@ -141,6 +142,53 @@ def test_a_trial_queued_while_its_slot_only_answers_a_stats_request_is_not_compi
     agent._waiting = {}
     agent._queue_behind(0, "w0000", spec)
     assert slot0.prepared == ["t0"]
+
+
+def _relay_in_thread(agent: NodeAgent, request: tuple) -> threading.Thread:
+    key, worker, spec, _, _ = request
+    start = StartWeights(TrialSpec.from_dict(spec), None, None)
+    thread = threading.Thread(target=lambda: list(agent._relay(key, worker, start)), daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_slot_runs_the_trials_of_several_calls_in_the_order_they_came():
+    # Two calls queued trials on one slot; the later call's thread reaches the slot first. Taking the slot
+    # in its place would run the trials out of order, and the trial compiled ahead behind the running one
+    # (the first waiting) would not be the one that runs next: it would compile on the device's time.
+    agent = NodeAgent.__new__(NodeAgent)
+    agent._changed, agent._failed, agent._store = threading.Condition(), {}, None
+    agent._ahead, agent._waiting = True, {}
+    ran = [("message", TrialStarted(worker="w0000")), ("message", TrialDone(weights=None)), ("end", None)]
+    slot0 = _ScriptedSlot("w0000", [list(ran), list(ran)])
+    agent._slots = {0: slot0}
+    first, second = _request(0, "w0000", "t0"), _request(0, "w0000", "t1")
+    for _, worker, spec, _, _ in (first, second):
+        agent._queue_behind(0, worker, TrialSpec.from_dict(spec))
+    late = _relay_in_thread(agent, second)
+    late.join(0.5)
+    assert late.is_alive() and slot0.ran == [], "the second trial waits for the first"
+    _relay_in_thread(agent, first).join(10)
+    late.join(10)
+    assert slot0.ran == ["t0", "t1"]
+    assert slot0.prepared == ["t1"], "the trial compiled ahead is the one that ran next"
+    assert agent._waiting == {0: []}
+
+
+def test_a_trial_that_gives_up_its_place_lets_the_trials_behind_it_run():
+    agent = NodeAgent.__new__(NodeAgent)
+    agent._changed, agent._failed, agent._store = threading.Condition(), {}, None
+    agent._ahead, agent._waiting = False, {}
+    ran = [("message", TrialStarted(worker="w0007")), ("message", TrialDone(weights=None)), ("end", None)]
+    slot0 = _ScriptedSlot("w0007", [list(ran)])  # its worker w0000 was lost; the slot runs w0007 now
+    agent._slots = {0: slot0}
+    lost, behind = _request(0, "w0000", "t0"), _request(0, "w0007", "t1")
+    for _, worker, spec, _, _ in (lost, behind):
+        agent._queue_behind(0, worker, TrialSpec.from_dict(spec))
+    waiting = _relay_in_thread(agent, behind)
+    _relay_in_thread(agent, lost).join(10)  # ends with SlotLost: its worker is gone
+    waiting.join(10)
+    assert not waiting.is_alive() and slot0.ran == ["t1"]
 
 
 def _agent_children(run: subprocess.Popen) -> list[psutil.Process]:

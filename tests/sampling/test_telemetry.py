@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
+import threading
+import time
 import types
 
 import pytest
@@ -173,7 +176,6 @@ def test_the_real_smoke_run_sampled_its_node(smoke_run):
 def test_the_run_stop_binds_every_byte_of_telemetry_across_sessions(tmp_path):
     """telemetry.jsonl is outside the hash chain; the run_stop binds its size and SHA-256, what an earlier
     session wrote (a line a crash tore included) and this one's samples, so an edit reaches no figure."""
-    import hashlib
 
     from aiperf.sampling.telemetry import BoundTelemetry, TelemetryBinding, TelemetryRecorder, read_bound_telemetry
 
@@ -238,3 +240,34 @@ def test_a_sampler_lost_mid_run_is_a_lost_node_and_one_lost_after_the_run_was_si
     out = summarize_telemetry(samples)
     assert out["nodes_lost"] == ["n2"], "only the node that died during the run"
     assert out["samples"] == 2 + 1 and out["nodes"] == 2  # n1 twice, n3 before the signal
+
+
+def test_the_recorder_stops_within_seconds_when_ray_no_longer_answers_and_binds_what_it_wrote(tmp_path, monkeypatch):
+    # scancel stops the job's Ray processes with the master: a round of samples waits on Ray and releasing a
+    # sampler waits for a control plane that is gone. Slurm kills the master KillWait (30 s) after its SIGTERM,
+    # so its run_stop, written after the recorder stops, must not wait on either.
+    from aiperf.sampling.telemetry import TelemetryRecorder
+
+    answer, released = threading.Event(), []
+    fake = _fake_ray()
+    fake.wait = lambda refs, num_returns, timeout: (answer.wait(timeout), (list(refs), []))[1]
+    fake.kill = lambda actor: (time.sleep(60), released.append(actor.node))
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    recorder = TelemetryRecorder(tmp_path, 0.05)
+    assert recorder.open()
+    recorder._actors = {"n1": _Sampler("n1")}
+    recorder.sample_once()
+    fake.wait = lambda refs, num_returns, timeout: (answer.wait(60), (list(refs), []))[1]  # Ray stops answering
+    recorder._thread = threading.Thread(target=recorder._loop, daemon=True)
+    recorder._thread.start()
+    t0 = time.monotonic()
+    recorder.stop()
+    assert time.monotonic() - t0 < 10, "the run's end waited on Ray"
+    answer.set()  # the round still waiting gets its answer after the run stopped: written nowhere
+    time.sleep(0.2)
+    data = (tmp_path / "telemetry.jsonl").read_bytes()
+    assert data.count(b"\n") == 1 and recorder.samples == 1
+    assert recorder.run_stop_fields() == {
+        "telemetry_bytes": len(data),
+        "telemetry_sha256": hashlib.sha256(data).hexdigest(),
+    }
