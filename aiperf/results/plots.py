@@ -172,9 +172,30 @@ def _spread_ops(epochs: pd.DataFrame, edges: np.ndarray, chunk: int = 100_000) -
     return out
 
 
+def node_rates(
+    epochs: pd.DataFrame, bins: int | None = None, weight: float = 1.0, span_s: float = 0.0
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The bins' edges, from 0 to the run's span (or the last epoch's end, if later), and each node's counted
+    operations per second in them (:func:`ops_per_node`)."""
+    if bins is None:
+        bins = min(max(len(epochs) // 3, 5), 30)
+    end = max(float(epochs["t"].max()), span_s)
+    edges = np.linspace(0.0, end if end > 0 else 1.0, bins + 1)
+    width = edges[1] - edges[0]
+    series = {
+        str(node): _spread_ops(mine, edges) * weight / width
+        for node, mine in epochs.groupby(epochs["node"].fillna("?"), sort=True)
+    }
+    return edges, series
+
+
 @plain_text
 def ops_per_node(
-    epochs: pd.DataFrame, hostnames: dict[str, str], bins: int | None = None, weight: float = 1.0
+    epochs: pd.DataFrame,
+    hostnames: dict[str, str],
+    bins: int | None = None,
+    weight: float = 1.0,
+    run: tuple[float, float, int] | None = None,
 ) -> bytes | None:
     """Counted operations per second and node, in time bins, each epoch's spread over the time it trained.
 
@@ -184,24 +205,22 @@ def ops_per_node(
     about three epochs per bin (5 to 30 bins). ``weight``: how many epochs each row stands for
     (``RunResults.epochs_stride`` when the frame is a sample). Of more than ``MAX_NODE_LINES``
     nodes an even sample is drawn, faint, under the mean of all of them.
+
+    ``run``: the run's wall time, OPS and nodes. The bins then span the whole run (start-up and
+    the end included, where nothing was counted), and the run's OPS per node is drawn beside the
+    nodes' rates: a bin's rate is what a node did while it trained, the score what the run did
+    over its wall time, and a reader compares the two.
     """
     if epochs.empty:
         return None
-    if bins is None:
-        bins = min(max(len(epochs) // 3, 5), 30)
-    end = float(epochs["t"].max())
-    edges = np.linspace(0.0, end if end > 0 else 1.0, bins + 1)
+    edges, series = node_rates(epochs, bins, weight, run[0] if run is not None else 0.0)
     width = edges[1] - edges[0]
     centres = (edges[:-1] + edges[1:]) / 2
     fig, ax = new_figure()
-    series = {}
-    for node, mine in epochs.groupby(epochs["node"].fillna("?"), sort=True):
-        series[str(node)] = _spread_ops(mine, edges) * weight / width
     nodes = list(series)
     if len(nodes) <= MAX_LEGEND:
         for node, rate in series.items():
             ax.plot(centres, rate, marker=".", label=label(hostnames.get(node) or node[:8]))
-        ax.legend(fontsize=7, title="node", title_fontsize=7)
     else:  # too many for a legend: nodes faint (an even sample of them), their mean bold
         step = max(1, math.ceil(len(nodes) / MAX_NODE_LINES))
         for node in nodes[::step]:
@@ -213,7 +232,12 @@ def ops_per_node(
             linewidth=2,
             label=f"mean of {len(nodes)} nodes",
         )
-        ax.legend(fontsize=7)
+    if run is not None and run[2] > 0:
+        per_node = run[1] / run[2]
+        ax.axhline(per_node, color="black", linestyle="--", linewidth=1, label=f"the run's OPS / {run[2]} node(s)")
+    ax.legend(fontsize=7, title="node" if len(nodes) <= MAX_LEGEND else None, title_fontsize=7)
+    ax.set_xlim(0.0, edges[-1])
+    ax.set_ylim(bottom=0.0)  # rates read against zero, not against the lowest bin
     ax.yaxis.set_major_formatter(_si("OPS"))
     ax.set_xlabel("time since run start (s)", fontsize=9)
     ax.set_title(f"Counted OPS per node ({width:.3g} s bins)", fontsize=10)

@@ -327,6 +327,15 @@ def _hostnames(header: RunStartRecord) -> dict[str, str]:
     return {n.node_id: n.hostname or "" for n in header.plan.nodes}
 
 
+def run_rate(summary: dict[str, Any]) -> tuple[float, float, int] | None:
+    """The run's wall time, OPS and nodes, from its summary (None where it has no score yet)."""
+    score, devices = summary.get("score") or {}, summary.get("devices") or {}
+    wall, ops, nodes = score.get("wall_s"), score.get("ops_per_s"), devices.get("nodes")
+    if not (isinstance(wall, (int, float)) and isinstance(ops, (int, float)) and isinstance(nodes, int)):
+        return None
+    return float(wall), float(ops), nodes
+
+
 def _plots(results: RunResults, summary: dict[str, Any]) -> str:
     timeline = results.timeline or score_timeline(results.records)
     hosts = _hostnames(results.header)
@@ -353,8 +362,9 @@ def _plots(results: RunResults, summary: dict[str, Any]) -> str:
         ),
         progress,
         figure_html(
-            plots.ops_per_node(results.epochs, hosts, weight=results.epochs_stride),
-            "Counted operations of the epochs each node completed, per second.",
+            plots.ops_per_node(results.epochs, hosts, weight=results.epochs_stride, run=run_rate(summary)),
+            "Counted operations of the epochs each node completed, per second (each epoch's shared among the bins"
+            " it trained in). Dashed: the run's OPS (all counted operations over its wall time) per node.",
             "OPS per node",
         ),
         figure_html(

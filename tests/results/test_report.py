@@ -123,7 +123,11 @@ def test_the_error_detector_sees_a_broken_page(tmp_path):
 
 
 def test_chromium_renders_the_report_without_script_errors(report_run, tmp_path):
-    html_path = report_run / REPORT_NAME
+    _renders_whole_in_chromium(report_run / REPORT_NAME, tmp_path)
+
+
+def _renders_whole_in_chromium(html_path, tmp_path):
+    """The page's script ran to its end with no error, every figure was shown, and a screenshot is not blank."""
     ready, images, caught, console_errors = page_health(html_path, tmp_path)
     assert caught is None, f"the page caught script errors: {caught}"
     assert not console_errors, console_errors
@@ -151,6 +155,11 @@ def test_the_real_smoke_run_got_its_report(smoke_run):
     assert "https://" not in page and "http://" not in page
 
 
+@pytest.mark.slow
+def test_the_real_smoke_run_s_report_renders_whole_in_chromium(smoke_run, tmp_path):
+    _renders_whole_in_chromium(smoke_run[0] / REPORT_NAME, tmp_path)
+
+
 def test_the_ops_per_node_plot_spreads_each_epoch_over_the_time_it_trained():
     import numpy as np
     import pandas as pd
@@ -162,3 +171,22 @@ def test_the_ops_per_node_plot_spreads_each_epoch_over_the_time_it_trained():
     sums = _spread_ops(epochs, np.array([0.0, 5.0, 10.0, 15.0, 20.0]))
     assert list(sums) == [50.0, 50.0, 50.0, 100.0]  # the last epoch had no busy time: all of it where it ended
     assert sums.sum() == epochs["ops"].sum()
+
+
+def test_the_ops_per_node_bins_span_the_whole_run_and_the_run_s_rate_is_read_from_its_summary():
+    import pandas as pd
+
+    from aiperf.results.plots import node_rates, ops_per_node
+    from aiperf.results.report import run_rate
+
+    epochs = pd.DataFrame({"t": [4.0, 6.0], "train_s": [2.0, 2.0], "eval_s": [0.0, 0.0], "ops": [40.0, 40.0],
+                           "node": ["a", "b"]})  # fmt: skip
+    edges, series = node_rates(epochs, bins=5, span_s=10.0)  # the run went on 4 s after its last epoch
+    assert list(edges) == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
+    assert list(series["a"]) == [0.0, 20.0, 0.0, 0.0, 0.0] and list(series["b"]) == [0.0, 0.0, 20.0, 0.0, 0.0]
+    assert node_rates(epochs, bins=5)[0][-1] == 6.0  # without the run's span: to the last epoch's end
+    summary = {"score": {"wall_s": 10.0, "ops_per_s": 8.0}, "devices": {"nodes": 2}}
+    assert run_rate(summary) == (10.0, 8.0, 2)
+    assert run_rate({"score": {"wall_s": None}, "devices": {"nodes": 2}}) is None  # a run with nothing counted
+    assert run_rate({}) is None
+    assert ops_per_node(epochs, {}, bins=5, run=(10.0, 8.0, 2)).startswith(b"\x89PNG")
