@@ -74,14 +74,18 @@ def _rate_at(ops: Any, a: Any, b: Any, n: int, budget_s: float, first: bool = Fa
     deadline = start + budget_s
     while True:
         t0 = time.perf_counter()
-        for _ in range(batch):
+        done = 0
+        while done < batch:  # a batch that outlives the deadline (a box that got busy) stops where it is
             c = ops.matmul(a, b)
+            done += 1
+            if time.perf_counter() > deadline:
+                break
         _sync(ops, c)
         now = time.perf_counter()
-        reps += batch
+        reps += done
         if now > t0:  # the best batch counts: the first ones are mostly the sync's latency
-            best = max(best, 2.0 * n**3 * batch / (now - t0))
-        if now >= deadline or now + 2 * (now - t0) > deadline:
+            best = max(best, 2.0 * n**3 * done / (now - t0))
+        if done < batch or now >= deadline or now + 2 * (now - t0) > deadline:
             break
         batch *= 2
     return SizeRate(n, best, reps) if best > 0 else None

@@ -47,6 +47,27 @@ def test_the_best_rate_of_a_few_sizes_is_kept_within_about_the_budget(monkeypatc
     assert (ceiling.devices, ceiling.device_ids, ceiling.dtype) == (2, "0,1", "float32")
 
 
+def test_a_box_that_gets_busy_mid_batch_does_not_hold_the_worker_s_start(monkeypatch):
+    # Each batch doubles the one before while it fits the budget; should the box get busy during one (seen
+    # in CI: 5.9 s for a 0.3 s budget), the batch stops at the deadline rather than running to its end.
+    import time
+
+    keras = _numpy_keras()
+    calls = []
+
+    def slowing(a, b):
+        calls.append(1)
+        if len(calls) > 40:  # from here on each multiply takes 0.2 s
+            time.sleep(0.2)
+        return a @ b
+
+    keras.ops.matmul = slowing
+    monkeypatch.setitem(sys.modules, "keras", keras)
+    ceiling = measure_ceiling(0.3, "float32", "numpy", (16,))
+    assert ceiling is not None and ceiling.rates and ceiling.rates[0].reps < len(calls)
+    assert ceiling.seconds < 1.0, ceiling.seconds  # the budget and the one multiply under way, not a batch
+
+
 def test_a_failing_size_keeps_what_was_measured_and_says_why(monkeypatch):
     monkeypatch.setitem(sys.modules, "keras", _numpy_keras(fail_at=64))
     ceiling = measure_ceiling(0.2, "float32", "numpy", (32, 64, 128))
