@@ -69,6 +69,7 @@ setup_env() {
     export PYTHONPATH=$HERE/..${PYTHONPATH:+:$PYTHONPATH}
     export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=$DIR/token RAY_USAGE_STATS_ENABLED=0
     unset RAY_AUTH_TOKEN RAY_ADDRESS
+    export RAY_worker_niceness=${RAY_worker_niceness:-0} # Ray's default, 15, puts the trials below everything else
     export RAY_health_check_period_ms=${RAY_health_check_period_ms:-1000}
     export RAY_health_check_timeout_ms=${RAY_health_check_timeout_ms:-1000}
     export RAY_health_check_failure_threshold=${RAY_health_check_failure_threshold:-3}

@@ -127,6 +127,9 @@ TMPD=${AIPERF_RAY_TMPDIR:-/tmp/aiperf-ray-${SLURM_JOB_ID:-${USER:-$(id -un)}}-${
 RAY=$(ray_executable)
 
 export RAY_USAGE_STATS_ENABLED=0
+# Ray starts its workers at niceness 15 by default, below every other program on the node: the trials are
+# the work the benchmark measures, so they run at the priority the job has.
+export RAY_worker_niceness=${RAY_worker_niceness:-0}
 # On SIGTERM `ray start --block` drains its node for up to 30 s by default (for Ray Serve's replicas) before it
 # stops: longer than Slurm's default KillWait, so the node was SIGKILLed before its temporary directory
 # went. aiperf's master records its own stop; the node stops at once.

@@ -43,6 +43,7 @@ from typing import Any
 from aiperf.errors import AiperfError, first_line
 
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+WORKER_NICENESS_ENV = "RAY_worker_niceness"  # read by the raylet when it starts; its default is 15
 LOOPBACK_IP = "127.0.0.1"
 # Ray reports a missing or wrong token only in its own log lines; the error itself says "failed to connect".
 TOKEN_HINT = (
@@ -355,6 +356,11 @@ def start_ray(
         kwargs["runtime_env"] = {"env_vars": dict(worker_env)}
     if address:
         return _join(ray, address, kwargs)
+    # Ray starts its worker processes at niceness 15 by default: below every other program on the machine,
+    # so on a shared box the trials got what the others left (no worker of a smoke run beside two busy
+    # processes became ready in 90 s). The trials are the work the run measures: they run at the priority
+    # the user started aiperf with. The launchers set the same for clusters they start (launch/ray_node.sh).
+    os.environ.setdefault(WORKER_NICENESS_ENV, "0")
     restore = _loopback_only()
     try:
         info = ray.init(num_cpus=num_cpus, num_gpus=num_gpus, _node_ip_address=LOOPBACK_IP, **kwargs)

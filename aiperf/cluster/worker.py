@@ -174,6 +174,7 @@ class TrialWorker:
             "decode_threads": self.decode_threads if self.runner.dataset.streaming else None,
             "init_s": self.init_s,
             "ceiling": self.ceiling.to_dict() if self.ceiling is not None else None,
+            "niceness": os.nice(0) if hasattr(os, "nice") else None,  # its scheduling priority (0: as the user's)
         }
 
     def run_trial(

@@ -232,6 +232,7 @@ class Master:
         self.worker_gaps: dict[str, list[float]] = {}
         self.worker_stats: dict[str, dict[str, Any]] = {}
         self.retired: set[str] = set()
+        self._niceness_noted = False  # a worker below the priority of other programs was reported
         self.failure: str | None = None  # why the run cannot go on (ends it as failed)
         self.start_failures: list[_Failure] = []
         self.failure_streak: list[_Failure] = []  # trial failures since the last completed epoch
@@ -548,7 +549,27 @@ class Master:
             logger.info(f"{self._where(ev.worker)} ready")
             if self.progress is not None:
                 self.progress.worker_ready(self._where(ev.worker), self.clock())
+            self._note_niceness(ev.worker)
         self.worker_ready_t.setdefault(ev.worker, self.clock())
+
+    def _note_niceness(self, worker: str) -> None:
+        """Say once that workers train below the priority of other programs (Ray's default for its workers).
+
+        On a machine shared with anything else the trials then get what the others leave, and the
+        score measures that. aiperf's local start and launchers start Ray's workers at niceness 0;
+        a cluster started by hand (``ray start``) needs ``RAY_worker_niceness=0`` in its environment.
+        """
+        niceness = (self.pool.worker_info(worker) or {}).get("niceness")
+        if self._niceness_noted or not isinstance(niceness, int) or niceness <= 0:
+            return
+        self._niceness_noted = True
+        text = (
+            f"{self._where(worker)} trains at niceness {niceness}, below every other program on its node:"
+            " start that node's Ray with RAY_worker_niceness=0 in its environment (aiperf's launchers do)"
+        )
+        if self.progress is not None:
+            self.progress.note(text)
+        logger.warning(text)
 
     def _where(self, worker: str, data: dict[str, Any] | None = None) -> str:
         """``worker w0003 on node gpu17``: for messages."""
@@ -911,6 +932,7 @@ class Master:
                 precision=info.get("precision"),
                 init_s=info.get("init_s"),
                 ceiling=info.get("ceiling"),
+                niceness=info.get("niceness"),
                 decode_threads=info.get("decode_threads"),
                 busy_s=busy,
                 alive_s=alive,

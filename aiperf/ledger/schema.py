@@ -43,6 +43,7 @@ MAX_QUANTITY = 1e300  # operations, seconds, bytes: sums of a few of these stay 
 
 Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 Positive = Annotated[int, Field(ge=1, le=MAX_COUNT)]
+Niceness = Annotated[int, Field(ge=-20, le=19)]  # a Unix process's scheduling niceness
 
 
 def _number(lowest: float, highest: float) -> PlainValidator:
@@ -548,6 +549,7 @@ class WorkerRecord(Record):
     precision: str | None = None
     init_s: Quantity | None = None
     ceiling: CeilingHeader | None = None  # absent in ledgers written before 2026-11-25
+    niceness: Niceness | None = None  # the worker process's Unix niceness (absent before 2026-12-07)
     worker_reported: dict[str, Any] | None = None
     retired: str | None = None
 

@@ -300,6 +300,10 @@ def test_node_agents_on_two_nodes_keep_every_worker_fed_and_children_find_their_
     starts = [r for r in records if r["type"] == "trial_start"]
     per_worker = Counter(r["worker"] for r in starts)
     assert len(per_worker) == 4 and min(per_worker.values()) >= max(per_worker.values()) / 3, per_worker
+    # Started by launch/local_cluster.sh: the node agents' worker processes train at niceness 0, not Ray's 15.
+    assert sorted((r["worker"], r["niceness"]) for r in records if r["type"] == "worker") == [
+        (w, 0) for w in sorted(per_worker)
+    ]
     assert len({r["node"] for r in starts}) == 2
     assert not [r for r in starts if r.get("weights_lost")], "a parent's weights could not be fetched"
     assert [r for r in starts if r["inherit"]], "no child inherited"

@@ -233,6 +233,7 @@ def test_a_smoke_job_completes_and_verifies_and_leaves_nothing(slurm, tmp_path):
     records = read_raw_ledger(run)
     assert records[-1]["type"] == "run_stop" and records[-1]["status"] == "completed"
     assert len(records[0]["system"]["nodes"]) == 2, "both Slurm nodes joined the run"
+    assert {r["niceness"] for r in records if r["type"] == "worker"} == {0}, "Ray's default would be 15"
     assert _verify(run).returncode == 0
     _wait_for("the job's processes to be gone", lambda: not _left_behind(job, job_dir), 30)
     # The timeline docs/cluster.md states (pytest -s shows it).

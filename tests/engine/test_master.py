@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import pickle
 from collections import Counter
 
@@ -414,3 +415,15 @@ def test_the_collector_pauses_only_while_workers_that_never_had_a_trial_wait(tmp
     assert all(new and not on for new, on in first)  # the start-up fill: all five wait, no collections
     later = [on for new, on in seen[5:] if not new]
     assert len(later) > 10 and all(later)  # fills of workers that have trained run with the collector on
+
+
+def test_workers_below_other_programs_priority_are_recorded_and_said_once(tmp_path, monkeypatch, caplog):
+    # Ray's default for its workers is niceness 15: on a shared machine the trials get what others leave.
+    original = SimulatedWorkerPool.worker_info
+    monkeypatch.setattr(SimulatedWorkerPool, "worker_info", lambda self, w: {**original(self, w), "niceness": 15})
+    with caplog.at_level(logging.WARNING, logger="aiperf.engine.master"):
+        _, records = _run(tmp_path, workers=3, budget=30.0)
+    workers = [r for r in records if r.type == "worker"]
+    assert len(workers) == 3 and {w.niceness for w in workers} == {15}
+    said = [r.getMessage() for r in caplog.records if "niceness 15" in r.getMessage()]
+    assert len(said) == 1 and "RAY_worker_niceness=0" in said[0], said

@@ -66,6 +66,8 @@ def test_a_real_run_records_its_system_and_ceilings_and_its_efficiency_is_a_frac
     workers = of_type(records, WorkerRecord)
     assert workers and all(w.ceiling is not None and (w.ceiling.flops_per_s or 0) > 0 for w in workers)
     assert all(w.ceiling.seconds <= (w.init_s or 0) for w in workers if w.ceiling)
+    # Ray's default would be 15, below every other program on the box: the trials train at the user's priority.
+    assert [w.niceness for w in workers] == [0] * len(workers)
     import json
 
     efficiency = json.loads((run_dir / "summary.json").read_text())["efficiency"]
