@@ -567,9 +567,14 @@ class Master:
             f"{self._where(worker)} trains at niceness {niceness}, below every other program on its node:"
             " start that node's Ray with RAY_worker_niceness=0 in its environment (aiperf's launchers do)"
         )
+        self._warn(text)
+
+    def _warn(self, text: str) -> None:
+        """A warning the user must see while the run goes on: on its progress line, else in the log."""
         if self.progress is not None:
             self.progress.note(text)
-        logger.warning(text)
+        else:
+            logger.warning(text)
 
     def _where(self, worker: str, data: dict[str, Any] | None = None) -> str:
         """``worker w0003 on node gpu17``: for messages."""
@@ -905,10 +910,7 @@ class Master:
             self.control_plane_silent_s += now - (self._silent_from if self._silent_from is not None else began)
             self._silent_from = None
             text = f"Ray's control plane answers again (t={now:.1f} s)"
-        if self.progress is not None:
-            self.progress.note(text)
-        else:
-            logger.warning(text)
+        self._warn(text)
 
     # -- the end ---------------------------------------------------------------------------------
     def _record_worker(self, worker: str, retired_because: str) -> None:

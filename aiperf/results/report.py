@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import html
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -327,9 +327,11 @@ def _hostnames(header: RunStartRecord) -> dict[str, str]:
     return {n.node_id: n.hostname or "" for n in header.plan.nodes}
 
 
-def run_rate(summary: dict[str, Any]) -> tuple[float, float, int] | None:
+def run_rate(summary: Mapping[str, object]) -> tuple[float, float, int] | None:
     """The run's wall time, OPS and nodes, from its summary (None where it has no score yet)."""
-    score, devices = summary.get("score") or {}, summary.get("devices") or {}
+    score, devices = summary.get("score"), summary.get("devices")
+    if not (isinstance(score, dict) and isinstance(devices, dict)):
+        return None
     wall, ops, nodes = score.get("wall_s"), score.get("ops_per_s"), devices.get("nodes")
     if not (isinstance(wall, (int, float)) and isinstance(ops, (int, float)) and isinstance(nodes, int)):
         return None
