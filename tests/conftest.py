@@ -6,7 +6,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import REPO, SMOKE_RUN_SETTINGS, aiperf_cmd, cli_env, made_once, simulated_run
+from helpers import REPO, SMOKE_RUN_SETTINGS, aiperf_cmd, cli_env, made_once, simulated_run, two_trial_smoke_run
 
 
 @pytest.fixture(scope="session")
@@ -58,3 +58,14 @@ def imagenet_tree(tmp_path_factory) -> Path:
         return folder / "tree"
 
     return made_once(tmp_path_factory, "imagenet", make)
+
+
+# Trainer settings away from their defaults: an audit of this run must train with the run's, not its own.
+AUDITED_RUN_SETTINGS = ("train.compiled_models=1", "dataset.decode_threads=2", "model.bn_momentum=0.95")
+
+
+@pytest.fixture(scope="session")
+def audited_run(tmp_path_factory) -> Path:
+    """A real 2-trial smoke run with stored weights (``AUDITED_RUN_SETTINGS``), shared read-only by the tests
+    that audit or forge a copy of it (tests/engine/test_audit.py, test_bounded_weights.py)."""
+    return made_once(tmp_path_factory, "audited-run", lambda folder: two_trial_smoke_run(folder, *AUDITED_RUN_SETTINGS))

@@ -16,19 +16,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import ledger_records, rechain, run_cli, two_trial_smoke_run
+from helpers import ledger_records, rechain, run_cli
 
 from aiperf.engine.weights import WeightStore, file_sha256, load_weights
 from aiperf.ledger.audit_file import AUDIT_NAME, read_audit
 from aiperf.ledger.store import canonical
-
-
-@pytest.fixture(scope="module")
-def audited_run(tmp_path_factory) -> Path:
-    """A real 2-trial smoke run, shared read-only; trainer settings away from their defaults: the audit
-    must train with the run's, not its own."""
-    overrides = ["train.compiled_models=1", "dataset.decode_threads=2", "model.bn_momentum=0.95"]
-    return two_trial_smoke_run(tmp_path_factory.mktemp("audit-results"), *overrides)
 
 
 def _audit(*args: str) -> subprocess.CompletedProcess:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import ledger_records, rechain, run_cli_bounded, two_trial_smoke_run
+from helpers import ledger_records, rechain, run_cli_bounded
 
 from aiperf.archives import open_zip
 from aiperf.engine.weights import (
@@ -278,11 +278,6 @@ def test_a_keras_archive_with_too_many_members_or_an_oversized_one_is_refused(tm
 # --- aiperf audit on a run whose weights files were forged and re-hashed ----------------------------------
 
 
-@pytest.fixture(scope="module")
-def two_trial_run(tmp_path_factory) -> Path:
-    return two_trial_smoke_run(tmp_path_factory.mktemp("bounded-results"))
-
-
 def _forge_file(run: Path, rec: dict, edit) -> str:
     """Replace the weights file ``rec`` names by ``edit(its members)`` and re-hash it in the record; the
     member ``edit`` changed."""
@@ -309,9 +304,9 @@ def _add_members(members: dict[str, bytes]) -> str:
 
 
 @pytest.mark.slow  # a real 2-trial run, then one audit under a 3 GiB address space
-def test_the_audit_fails_forged_weights_by_name_and_still_writes_audit_json(two_trial_run, tmp_path):
-    run = tmp_path / two_trial_run.name
-    shutil.copytree(two_trial_run, run, ignore=shutil.ignore_patterns("run.lock", AUDIT_NAME, "report.html"))
+def test_the_audit_fails_forged_weights_by_name_and_still_writes_audit_json(audited_run, tmp_path):
+    run = tmp_path / audited_run.name
+    shutil.copytree(audited_run, run, ignore=shutil.ignore_patterns("run.lock", AUDIT_NAME, "report.html"))
     records = ledger_records(run)
     stored = [r for r in records if r["type"] == "weights"]
     assert len(stored) == 2, stored
