@@ -58,6 +58,7 @@ from nas.random_search import (
 from nas.schedule import SizeSchedule
 from nas.startup import StartupChildren
 from nas.tree_expand import PoolGrower
+from nas.trial_book import SearchTrial, TrialBook
 from nas.tuner_ahead import MAX_AHEAD, AheadTuner, TunerProcess
 
 logger = logging.getLogger(__name__)
@@ -120,28 +121,6 @@ class SearchSettings:
         if not isinstance(self.hparam_space, HyperparameterSpace):
             raise NasError("hparam_space must be a HyperparameterSpace")
         object.__setattr__(self, "default_hparams", normalise_hparams(self.default_hparams))
-
-
-@dataclass
-class _Trial:
-    id: str
-    proposal: TrialProposal
-    key: str
-    root: str | None  # lineage root (seed/arch trial this one repeats); itself for seed/arch trials
-    state: str = "pending"  # pending | final | failed
-    value: float | None = None
-    partials: int = 0
-
-    @property
-    def progress(self) -> float:
-        return min(1.0, self.partials / max(1, self.proposal.epochs))
-
-    @property
-    def result(self) -> float:
-        """The trial's value, which a final trial always has."""
-        if self.value is None:
-            raise NasError(f"trial {self.id} has no result yet")
-        return self.value
 
 
 @dataclass
@@ -214,35 +193,28 @@ class AutoMLSearch(Proposer[TrialProposal]):
             )
         else:
             self.strategy = self._fallback
-        self._trials: dict[str, _Trial] = {}
+        self.book: TrialBook[TrialProposal] = TrialBook(self.tuner)
+        self._trials = self.book.trials
         self._by_key: dict[str, _Architecture] = {}  # architectures with a pending or completed trial
         self._origins = Origins()  # completed architecture -> what children grow from
         self._best_trial: dict[str, str] = {}  # completed architecture -> its best trial
-        self._roots: dict[tuple, str] = {}  # lineage -> its seed/arch trial
-        self._done_order: dict[str, int] = {}  # completed root -> how many roots completed before it
         self._top_roots: list[str] = []  # the TUNE_CANDIDATES completed roots with the best lineages, best first
         self._ranked: list[
             tuple[float, int, str]
         ] = []  # every completed root as (-lineage best, done order, id), sorted
         self._rank_of: dict[str, tuple[float, int, str]] = {}  # root -> its entry in _ranked
-        self._lineage_best: dict[str, float] = {}  # root -> best accuracy in its lineage
-        self._tunes_per_root: dict[str, int] = {}
-        self._waiting_tpe: dict[str, list[str]] = {}  # root -> tune trials finished before it
-        self._seed_trial: str | None = None
         self._startup: StartupChildren | None = None  # made at the first start-up child
         self._expander: ExpandPool | None = None  # its processes, when settings.processes asks for some
         self._grower: PoolGrower | None = None  # the tree search's expansions in those processes
         self._steady = False  # the start-up is over (something completed)
         self._queued: deque[Child] = deque()  # children of the last batch, handed out in order
-        self._asks = 0  # asks after the seed
-        self._tunes = 0
 
     # --- Proposer -------------------------------------------------------------------------
     def ask(self, trial_id: str) -> TrialProposal:
-        if trial_id in self._trials:
-            raise NasError(f"trial id {trial_id} was already proposed")
+        book = self.book
+        book.check_new(trial_id)
         proposal: TrialProposal | None
-        if self._seed_trial is None:
+        if book.seed_trial is None:
             proposal = TrialProposal(
                 self.seed_graph,
                 TrialKind.SEED,
@@ -250,9 +222,9 @@ class AutoMLSearch(Proposer[TrialProposal]):
                 info={"reason": "the seed architecture"},
             )
         else:
-            self._asks += 1
-            want_tune = math.floor(self.settings.retune_fraction * self._asks) > self._tunes
-            want_tune = want_tune or (not self._origins and self._tunes < self.settings.first_wave_tunes)
+            book.asks += 1
+            want_tune = math.floor(self.settings.retune_fraction * book.asks) > book.tunes
+            want_tune = want_tune or (not self._origins and book.tunes < self.settings.first_wave_tunes)
             proposal = self._tune(trial_id) if want_tune else None
             proposal = proposal or self._arch() or self._tune(trial_id, anywhere=True)
             if proposal is None:  # the seed lineage can always be re-tuned, so this is a bug
@@ -324,27 +296,25 @@ class AutoMLSearch(Proposer[TrialProposal]):
             self._expander = None
 
     def tell(self, trial_id: str, value: float, final: bool) -> None:
-        trial = self._active(trial_id)
+        trial = self.book.active(trial_id)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
             raise NasError(f"trial {trial_id}: accuracy must be a number in [0, 1], got {value!r}")
-        trial.value = float(value)
+        self.book.tell(trial, value, final)
         if not final:
-            trial.partials += 1
             arch = self._by_key[trial.key]
             # A trial's (progress, accuracy) only rises, so the lead changes only to the trial just told.
-            if arch.lead is None or (trial.progress, trial.value) > self._lead_key(arch.lead):
+            if arch.lead is None or (trial.progress, trial.result) > self._lead_key(arch.lead):
                 arch.lead = trial_id
         else:
-            trial.state = "final"
             arch = self._by_key[trial.key]
             del arch.running[trial_id]
-            arch.best_final = trial.value if arch.best_final is None else max(arch.best_final, trial.value)
+            arch.best_final = trial.result if arch.best_final is None else max(arch.best_final, trial.result)
             self._completed(trial)
         self._update_strategy(trial)
 
     def forget(self, trial_id: str) -> None:
-        trial = self._active(trial_id)
-        trial.state = "failed"
+        trial = self.book.active(trial_id)
+        self.book.failed(trial)
         arch = self._by_key[trial.key]
         del arch.running[trial_id]
         if arch.lead == trial_id:  # rare but at the run's end: a failed lead; the next one is found among the others
@@ -354,19 +324,14 @@ class AutoMLSearch(Proposer[TrialProposal]):
             arch.lead = max(told, key=self._lead_key) if told else None
         if not arch.running and arch.best_final is None:
             del self._by_key[trial.key]
-        self.tuner.fail(trial_id)
-        for waiting in self._waiting_tpe.pop(trial_id, []):  # their baseline will never come
-            self.tuner.fail(waiting)
         self._update_strategy(trial)
 
     def restore(self, trial_id: str, proposal: TrialProposal, value: float | None, final: bool) -> None:
-        if trial_id in self._trials:
-            raise NasError(f"trial id {trial_id} is restored twice")
+        self.book.check_new(trial_id, restoring=True)
         proposal = replace(proposal, hparams=normalise_hparams(proposal.hparams))
         if proposal.kind not in _KINDS:
             raise NasError(f"trial {trial_id}: unknown kind {proposal.kind!r}")
-        if proposal.kind != TrialKind.SEED or self._seed_trial is not None:
-            self._asks += 1
+        self.book.count_restored(proposal)
         self._register(trial_id, proposal)
         if value is not None:
             self.tell(trial_id, value, final)
@@ -442,7 +407,7 @@ class AutoMLSearch(Proposer[TrialProposal]):
             grown[0],
             TrialKind.ARCH,
             hparams,
-            parent=self._seed_trial,
+            parent=self.book.seed_trial,
             inherit=None,
             morphs=grown[1],
             info={"reason": "start-up: nothing completed to inherit"},
@@ -455,16 +420,16 @@ class AutoMLSearch(Proposer[TrialProposal]):
         (None when there is none), unless ``anywhere``.
         """
         if not self._top_roots:
-            assert self._seed_trial is not None
-            return self._seed_trial
-        best = self._lineage_best
+            assert self.book.seed_trial is not None
+            return self.book.seed_trial
+        best = self.book.lineage_best
         roots = self._top_roots
         if self.schedule is not None and not anywhere:
             # Best lineage first, so the scan stops at the third one inside the band (not all roots every ask).
             roots = list(islice(self._in_band_ranked(), TUNE_CANDIDATES))
             if not roots:
                 return None
-        return min(roots, key=lambda r: (self._tunes_per_root[r], -best[r]))
+        return min(roots, key=lambda r: (self.book.tunes_per_root[r], -best[r]))
 
     def _tune(self, trial_id: str, anywhere: bool = False) -> TrialProposal | None:
         root_id = self._tune_target(anywhere)
@@ -520,37 +485,18 @@ class AutoMLSearch(Proposer[TrialProposal]):
     # --- bookkeeping ------------------------------------------------------------------------
     def _register(self, trial_id: str, proposal: TrialProposal) -> None:
         key = proposal.graph.key()
-        signature = _lineage(proposal.parent, proposal.morphs)
-        if proposal.kind == TrialKind.TUNE:
-            root = self._roots.get(signature)
-            self._tunes += 1
-            if root is not None:
-                self._tunes_per_root[root] = self._tunes_per_root.get(root, 0) + 1
-        else:
-            root = trial_id
-            self._roots.setdefault(signature, trial_id)
-            if proposal.kind == TrialKind.SEED and self._seed_trial is None:
-                self._seed_trial = trial_id
-        trial = self._trials[trial_id] = _Trial(trial_id, proposal, key, root)
+        trial = self.book.register(trial_id, proposal, key, _lineage(proposal.parent, proposal.morphs))
         self._by_key.setdefault(key, _Architecture()).running[trial_id] = None
         self._update_strategy(trial)
 
-    def _completed(self, trial: _Trial) -> None:
-        assert trial.value is not None
-        if trial.proposal.kind != TrialKind.TUNE:
-            self._done_order[trial.id] = len(self._done_order)
-            self._tunes_per_root.setdefault(trial.id, 0)
-            for waiting in self._waiting_tpe.pop(trial.id, []):
-                self._report_tune(self._trials[waiting])
-        else:
-            self._report_tune(trial)
+    def _completed(self, trial: SearchTrial[TrialProposal]) -> None:
+        self.book.completed(trial)
         if trial.root is not None:
-            self._lineage_best[trial.root] = max(self._lineage_best.get(trial.root, 0.0), trial.value)
             self._rank_root(trial.root)
         current = self._origins.get(trial.key)
-        if current is None or trial.value > current.value:
+        if current is None or trial.result > current.value:
             kernel = trial.proposal.hparams["kernel_size"]
-            self._origins.put(Origin(trial.key, trial.proposal.graph, trial.value, kernel))
+            self._origins.put(Origin(trial.key, trial.proposal.graph, trial.result, kernel))
             self._best_trial[trial.key] = trial.id
 
     def _rank_root(self, root: str) -> None:
@@ -559,12 +505,13 @@ class AutoMLSearch(Proposer[TrialProposal]):
         A lineage's best accuracy only ever rises, so a root outside the top can only enter it
         when its own lineage improves: re-ranking that one root keeps the top exact.
         """
-        if root not in self._done_order:
+        done_order = self.book.done_order
+        if root not in done_order:
             return
         old = self._rank_of.get(root)
         if old is not None:
             del self._ranked[bisect.bisect_left(self._ranked, old)]
-        entry = self._rank_of[root] = (-self._lineage_best[root], self._done_order[root], root)
+        entry = self._rank_of[root] = (-self.book.lineage_best[root], done_order[root], root)
         bisect.insort(self._ranked, entry)
         self._top_roots = [r for _, _, r in self._ranked[:TUNE_CANDIDATES]]
 
@@ -573,29 +520,6 @@ class AutoMLSearch(Proposer[TrialProposal]):
         for _, _, root in self._ranked:
             if self._size_rank(self._trials[root].proposal.graph) == 0.0:
                 yield root
-
-    def _report_tune(self, trial: _Trial) -> None:
-        """Tell TPE a finished tune trial's gain over its lineage root (or hold it until the root ends)."""
-        root = self._trials.get(trial.root) if trial.root is not None else None
-        if root is not None and root.state == "pending":
-            self._waiting_tpe.setdefault(root.id, []).append(trial.id)
-            return
-        if root is None or root.state != "final":
-            self.tuner.fail(trial.id)  # no baseline to measure the gain against
-            return
-        gain = trial.result - root.result
-        if self.tuner.is_running(trial.id):
-            self.tuner.tell(trial.id, gain)
-        else:  # restored from the ledger
-            self.tuner.add_completed(trial.proposal.hparams, gain)
-
-    def _active(self, trial_id: str) -> _Trial:
-        trial = self._trials.get(trial_id)
-        if trial is None:
-            raise NasError(f"unknown trial {trial_id}")
-        if trial.state != "pending":
-            raise NasError(f"trial {trial_id} has already ended ({trial.state})")
-        return trial
 
     def _lead_key(self, trial_id: str) -> tuple[float, float]:
         trial = self._trials[trial_id]
@@ -616,21 +540,17 @@ class AutoMLSearch(Proposer[TrialProposal]):
             return ArchitectureStatus("partial", lead.value, lead.progress)
         return ArchitectureStatus("pending")
 
-    def _update_strategy(self, trial: _Trial) -> None:
+    def _update_strategy(self, trial: SearchTrial[TrialProposal]) -> None:
         self.strategy.observe(trial.key, trial.proposal.graph, self._status(trial.key))
 
     # --- introspection ------------------------------------------------------------------------
     @property
     def pending(self) -> list[str]:
-        return [t.id for t in self._trials.values() if t.state == "pending"]
+        return self.book.pending
 
     def best(self) -> tuple[str, float] | None:
         """The completed trial with the best accuracy, or None."""
-        done = [t for t in self._trials.values() if t.state == "final"]
-        if not done:
-            return None
-        top = max(done, key=lambda t: t.result)
-        return top.id, top.result
+        return self.book.best()
 
 
 def make_proposer(

@@ -54,6 +54,7 @@ from nas.language.hpo import DEFAULT_LM_HPARAMS, LMHyperparameterSpace, LMTuner,
 from nas.language.morph import LMMorph, apply_spec_morph, candidate_morphs
 from nas.language.spec import TransformerSpec
 from nas.proposer import Proposer, TrialKind
+from nas.trial_book import TrialBook
 
 STRATEGIES = ("bayesian", "random")
 TUNE_CANDIDATES = 3  # lineages considered for re-tuning: the best three
@@ -216,21 +217,6 @@ class LMTrialProposal:
 
 
 @dataclass
-class _Trial:
-    id: str
-    proposal: LMTrialProposal
-    key: str
-    root: str | None  # the seed/arch trial this one repeats (itself for seed/arch trials)
-    state: str = "pending"  # pending | final | failed
-    value: float | None = None
-    partials: int = 0
-
-    @property
-    def progress(self) -> float:
-        return min(1.0, self.partials / max(1, self.proposal.epochs))
-
-
-@dataclass
 class _Arch:
     """One architecture with a pending or completed trial: what the GP and the children read."""
 
@@ -272,18 +258,11 @@ class LMSearch(Proposer[LMTrialProposal]):
         self.tuner = LMTuner(settings.hparam_space, seed=settings.seed)
         self._rng = np.random.default_rng([settings.seed, 1])
         self._children_of: dict[str, Children] = {}
-        self._trials: dict[str, _Trial] = {}
+        self.book: TrialBook[LMTrialProposal] = TrialBook(self.tuner)
+        self._trials = self.book.trials
         self._archs: dict[str, _Arch] = {}
         self._updates = 0
         self._final_count = 0
-        self._roots: dict[tuple, str] = {}  # lineage (parent, morphs) -> its seed/arch trial
-        self._done_order: dict[str, int] = {}  # completed roots, in completion order
-        self._lineage_best: dict[str, float] = {}
-        self._tunes_per_root: dict[str, int] = {}
-        self._waiting_tpe: dict[str, list[str]] = {}
-        self._seed_trial: str | None = None
-        self._asks = 0
-        self._tunes = 0
         self._startup = _StartupChildren(
             seed_spec,
             self._children,
@@ -301,17 +280,17 @@ class LMSearch(Proposer[LMTrialProposal]):
     def ask(self, trial_id: str) -> LMTrialProposal:
         if not isinstance(trial_id, str):
             raise NasError(f"trial id must be a string, got {short_repr(trial_id)}")
-        if trial_id in self._trials:
-            raise NasError(f"trial id {trial_id} was already proposed")
+        book = self.book
+        book.check_new(trial_id)
         proposal: LMTrialProposal | None
-        if self._seed_trial is None:
+        if book.seed_trial is None:
             hparams = dict(self.settings.default_hparams)
             proposal = LMTrialProposal(
                 self.seed_spec, TrialKind.SEED, hparams, info={"reason": "the seed architecture"}
             )
         else:
-            self._asks += 1
-            want_tune = math.floor(self.settings.retune_fraction * self._asks) > self._tunes
+            book.asks += 1
+            want_tune = math.floor(self.settings.retune_fraction * book.asks) > book.tunes
             proposal = self._tune(trial_id) if want_tune else None
             proposal = proposal or self._arch() or self._tune(trial_id)
         assert proposal is not None  # a lineage can always be re-tuned
@@ -319,46 +298,40 @@ class LMSearch(Proposer[LMTrialProposal]):
         return proposal
 
     def tell(self, trial_id: str, value: float, final: bool) -> None:
-        trial = self._active(trial_id)
+        trial = self.book.active(trial_id)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise NasError(f"trial {trial_id}: score must be a finite number, got {short_repr(value)}")
-        trial.value = float(value)
+        self.book.tell(trial, value, final)
         arch = self._archs[trial.key]
         arch.order = self._tick()
         arch.fantasy = None  # a real score replaces the belief (a new one is formed if it ever reverts to pending)
         if not final:
-            trial.partials += 1
-            lead = (trial.progress, trial.value)
+            lead = (trial.progress, trial.result)
             if arch.lead is None or lead > arch.lead:
                 arch.lead = lead
             return
-        trial.state = "final"
         self._final_count += 1
         del arch.running[trial_id]
-        if arch.best_final is None or trial.value > arch.best_final:
-            arch.best_final, arch.best_trial = trial.value, trial_id
+        if arch.best_final is None or trial.result > arch.best_final:
+            arch.best_final, arch.best_trial = trial.result, trial_id
         self._relead(arch)
-        self._completed(trial)
+        self.book.completed(trial)
 
     def forget(self, trial_id: str) -> None:
-        trial = self._active(trial_id)
-        trial.state = "failed"
+        trial = self.book.active(trial_id)
+        self.book.failed(trial)
         arch = self._archs[trial.key]
         del arch.running[trial_id]
         if not arch.running and arch.best_final is None:
             del self._archs[trial.key]  # the architecture may be proposed again
         else:
             self._relead(arch)
-        self.tuner.fail(trial_id)
-        for waiting in self._waiting_tpe.pop(trial_id, []):  # their baseline will never come
-            self.tuner.fail(waiting)
 
     def restore(self, trial_id: str, proposal: LMTrialProposal, value: float | None, final: bool) -> None:
         """Re-enter a trial read back from a ledger (e.g. :meth:`LMTrialProposal.from_dict`) without proposing."""
         if not isinstance(proposal, LMTrialProposal):
             raise NasError(f"trial {trial_id}: restore needs an LMTrialProposal, got {type(proposal).__name__}")
-        if trial_id in self._trials:
-            raise NasError(f"trial id {trial_id} is restored twice")
+        self.book.check_new(trial_id, restoring=True)
         if not isinstance(proposal.kind, str) or proposal.kind not in _KINDS:
             raise NasError(f"trial {trial_id}: unknown kind {short_repr(proposal.kind)}")
         if not isinstance(proposal.spec, TransformerSpec):
@@ -366,8 +339,7 @@ class LMSearch(Proposer[LMTrialProposal]):
         if not isinstance(proposal.morphs, tuple) or not all(isinstance(m, LMMorph) for m in proposal.morphs):
             raise NasError(f"trial {trial_id}: morphs must be a tuple of LMMorph")
         proposal = replace(proposal, kind=TrialKind(proposal.kind), hparams=normalise_lm_hparams(proposal.hparams))
-        if proposal.kind != TrialKind.SEED or self._seed_trial is not None:
-            self._asks += 1
+        self.book.count_restored(proposal)
         self._register(trial_id, proposal)
         if value is not None:
             self.tell(trial_id, value, final)
@@ -383,7 +355,7 @@ class LMSearch(Proposer[LMTrialProposal]):
                 grown[0],
                 TrialKind.ARCH,
                 dict(self.settings.default_hparams),
-                parent=self._seed_trial,
+                parent=self.book.seed_trial,
                 inherit=None,
                 morphs=grown[1],
                 info={"reason": "start-up: nothing completed to inherit"},
@@ -490,12 +462,13 @@ class LMSearch(Proposer[LMTrialProposal]):
 
     def _tune_target(self) -> str:
         """Of the best three completed lineages, the one re-tuned least; the seed's before any completed."""
-        assert self._seed_trial is not None
-        if not self._done_order:
-            return self._seed_trial
-        best = self._lineage_best
-        top = sorted(self._done_order, key=lambda r: (-best[r], self._done_order[r]))[:TUNE_CANDIDATES]
-        return min(top, key=lambda r: (self._tunes_per_root.get(r, 0), -best[r], self._done_order[r]))
+        book = self.book
+        assert book.seed_trial is not None
+        if not book.done_order:
+            return book.seed_trial
+        best, order = book.lineage_best, book.done_order
+        top = sorted(order, key=lambda r: (-best[r], order[r]))[:TUNE_CANDIDATES]
+        return min(top, key=lambda r: (book.tunes_per_root.get(r, 0), -best[r], order[r]))
 
     def _tune(self, trial_id: str) -> LMTrialProposal:
         root_id = self._tune_target()
@@ -517,20 +490,7 @@ class LMSearch(Proposer[LMTrialProposal]):
 
     def _register(self, trial_id: str, proposal: LMTrialProposal) -> None:
         key = proposal.spec.key()
-        signature = (proposal.parent, proposal.morphs)
-        if proposal.kind == TrialKind.TUNE:
-            root = self._roots.get(signature)
-            self._tunes += 1
-            if root is not None:
-                self._tunes_per_root[root] = self._tunes_per_root.get(root, 0) + 1
-        else:
-            root = trial_id
-            old = self._roots.get(signature)
-            if old is None or self._trials[old].state == "failed":
-                self._roots[signature] = trial_id
-            if proposal.kind == TrialKind.SEED and self._seed_trial is None:
-                self._seed_trial = trial_id
-        self._trials[trial_id] = _Trial(trial_id, proposal, key, root)
+        self.book.register(trial_id, proposal, key, (proposal.parent, proposal.morphs))
         arch = self._archs.get(key)
         if arch is None:
             arch = self._archs[key] = _Arch(proposal.spec, self._tick())
@@ -542,40 +502,6 @@ class LMSearch(Proposer[LMTrialProposal]):
         told = [self._trials[t] for t in arch.running if self._trials[t].value is not None]
         arch.lead = max(((t.progress, float(t.value or 0.0)) for t in told), default=None)
 
-    def _completed(self, trial: _Trial) -> None:
-        assert trial.value is not None
-        if trial.proposal.kind != TrialKind.TUNE:
-            self._done_order.setdefault(trial.id, len(self._done_order))
-            for waiting in self._waiting_tpe.pop(trial.id, []):
-                self._report_tune(self._trials[waiting])
-        else:
-            self._report_tune(trial)
-        if trial.root is not None:
-            self._lineage_best[trial.root] = max(self._lineage_best.get(trial.root, -math.inf), trial.value)
-
-    def _report_tune(self, trial: _Trial) -> None:
-        """Tell TPE a finished tune trial's gain over its lineage root (or hold it until the root ends)."""
-        root = self._trials.get(trial.root) if trial.root is not None else None
-        if root is not None and root.state == "pending":
-            self._waiting_tpe.setdefault(root.id, []).append(trial.id)
-            return
-        if root is None or root.state != "final" or root.value is None or trial.value is None:
-            self.tuner.fail(trial.id)
-            return
-        gain = trial.value - root.value
-        if self.tuner.is_running(trial.id):
-            self.tuner.tell(trial.id, gain)
-        else:  # restored from the ledger
-            self.tuner.add_completed(trial.proposal.hparams, gain)
-
-    def _active(self, trial_id: str) -> _Trial:
-        trial = self._trials.get(trial_id)
-        if trial is None:
-            raise NasError(f"unknown trial {short_repr(trial_id)}")
-        if trial.state != "pending":
-            raise NasError(f"trial {trial_id} has already ended ({trial.state})")
-        return trial
-
     def _taken(self, key: str) -> bool:
         return key in self._archs
 
@@ -585,15 +511,11 @@ class LMSearch(Proposer[LMTrialProposal]):
     # --- introspection ------------------------------------------------------------------------
     @property
     def pending(self) -> list[str]:
-        return [t.id for t in self._trials.values() if t.state == "pending"]
+        return self.book.pending
 
     def best(self) -> tuple[str, float] | None:
         """The completed trial with the best score, or None."""
-        done = [t for t in self._trials.values() if t.state == "final" and t.value is not None]
-        if not done:
-            return None
-        top = max(done, key=lambda t: float(t.value or 0.0))
-        return top.id, float(top.value or 0.0)
+        return self.book.best()
 
 
 def _draw(children: Children, rng: np.random.Generator) -> tuple[LMMorph, TransformerSpec] | None:

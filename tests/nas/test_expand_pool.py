@@ -178,7 +178,7 @@ def test_a_resumed_search_starts_its_tree_search_processes_without_a_start_up(se
     settings = SearchSettings(seed=2, candidates=16, landmarks=12, processes=2)
     resumed = make_proposer(settings, SEED, LIMITS)
     for k in range(450):
-        trial = search._trials[f"t{k}"]  # type: ignore[attr-defined]
+        trial = search.book.trials[f"t{k}"]  # type: ignore[attr-defined]
         value = trial.value
         resumed.restore(f"t{k}", trial.proposal, value, value is not None)
     try:
@@ -248,7 +248,10 @@ def test_a_stopped_process_is_waited_for_its_patience_then_the_start_up_goes_on_
     def stop_at_300(k, startup):
         if k == 300:
             for proc in pool._procs:
-                os.kill(proc.process.pid, signal.SIGSTOP)
+                # On a loaded box the patience may already have run out (the start-up went on here, the
+                # processes were ended): the outcome under test is the same.
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.process.pid, signal.SIGSTOP)
 
     try:
         assert _children(pool, 1500, before=stop_at_300) == inline_children

@@ -163,11 +163,11 @@ def _state(search: LMSearch):
     }
     return (
         archs,
-        search._roots,
-        search._lineage_best,
-        search._tunes_per_root,
-        search._asks,
-        search._tunes,
+        search.book.roots,
+        search.book.lineage_best,
+        search.book.tunes_per_root,
+        search.book.asks,
+        search.book.tunes,
         search.pending,
         search.best(),
         search.tuner.completed,

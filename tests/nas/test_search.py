@@ -270,7 +270,7 @@ def test_once_a_trial_has_completed_the_re_tunes_are_not_brought_forward():
 
 def _rescanned_status(search: AutoMLSearch, key: str) -> ArchitectureStatus | None:
     """What the search knows of ``key``, recomputed from all of its trials (the rule the aggregates keep)."""
-    trials = [t for t in search._trials.values() if t.key == key and t.state != "failed"]
+    trials = [t for t in search.book.trials.values() if t.key == key and t.state != "failed"]
     finals = [t.value for t in trials if t.state == "final"]
     if finals:
         return ArchitectureStatus("final", max(finals))
@@ -300,15 +300,15 @@ def test_running_aggregates_match_a_rescan_of_every_trial():
                 done_roots.append(trial_id)
         trial_id, _ = running[int(rng.integers(len(running)))]
         search.tell(trial_id, float(rng.uniform(0.2, 0.6)), False)
-        for key in {t.key for t in search._trials.values()}:
+        for key in {t.key for t in search.book.trials.values()}:
             assert search._status(key) == _rescanned_status(search, key)
         lineage_best = {
-            root: max(t.value for t in search._trials.values() if t.root == root and t.state == "final")
+            root: max(t.value for t in search.book.trials.values() if t.root == root and t.state == "final")
             for root in done_roots
         }
         assert search._top_roots == heapq.nlargest(3, done_roots, key=lambda r: lineage_best[r])
     assert forgotten and len(done_roots) > 10
-    trials_per_key = Counter(t.key for t in search._trials.values() if t.state != "failed")
+    trials_per_key = Counter(t.key for t in search.book.trials.values() if t.state != "failed")
     assert max(trials_per_key.values()) >= 3  # re-tunes repeated architectures
 
 
@@ -319,8 +319,8 @@ def test_forgetting_the_running_trials_of_a_much_retuned_architecture_does_not_r
     ids = [f"t{k:03d}" for k in range(200)]
     for trial_id in ids:
         search.ask(trial_id)
-    key = search._trials[ids[0]].key
-    assert {search._trials[t].key for t in ids} == {key}  # the seed and its re-tunes
+    key = search.book.trials[ids[0]].key
+    assert {search.book.trials[t].key for t in ids} == {key}  # the seed and its re-tunes
     for trial_id in ids:
         search.tell(trial_id, 0.5, False)  # equal leads
     looked, real = [], search._lead_key
