@@ -22,7 +22,7 @@ import errno
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,7 +46,7 @@ class _Parser(argparse.ArgumentParser):
 class _VerboseSubParser(_Parser):
     """A sub-command parser that also takes ``-v`` after the command (``aiperf run -v``)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # ArgumentParser's own, forwarded as they are
         super().__init__(*args, **kwargs)
         self.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS, help="as aiperf -v")
 
@@ -226,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _stdout() -> Any:
+def _stdout() -> Any:  # an engine.output.Output, which run_repeated takes as its stream
     """Standard output that a closed pipe switches off instead of failing the command."""
     from aiperf.engine.output import output
 
@@ -340,7 +340,7 @@ def _load_graph(path: str) -> Graph:
     return load(path)
 
 
-def _shown(path: Any) -> str:
+def _shown(path: object) -> str:
     """A path for a one-line message: as given when printable and not absurdly long, else an excerpt."""
     text = os.fspath(path) if isinstance(path, (str, os.PathLike)) else str(path)
     return text if text.isprintable() and len(text) <= 1024 else excerpt(text, 200)
@@ -432,7 +432,7 @@ class _Terminated(Exception):
 
 
 @contextlib.contextmanager
-def _sigterm_unwinds() -> Any:
+def _sigterm_unwinds() -> Iterator[None]:
     """SIGTERM raises :class:`_Terminated` here, so the audits a check started are killed and its copy removed."""
 
     def stop(signum: int, frame: object) -> None:

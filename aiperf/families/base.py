@@ -12,20 +12,33 @@ master branches on it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Generic, Literal, Protocol, TypedDict, TypeVar
 
 if TYPE_CHECKING:
-    from aiperf.ledger.schema import TrialStartRecord
+    from aiperf.ledger.schema import TrialFlops, TrialStartRecord
 
 FamilyName = Literal["image", "language"]
+ArchT = TypeVar("ArchT")  # a family's architecture as trained (Graph, TransformerSpec)
+CostT = TypeVar("CostT")  # its analytic cost (GraphCost, LMCost)
+ProposalT = TypeVar("ProposalT")  # what the family's proposer proposes (TrialProposal, LMTrialProposal)
+
+
+class StartFields(TypedDict, total=False):
+    """A family's own fields of a ``trial_start`` record (:class:`aiperf.ledger.schema.TrialStartRecord`)."""
+
+    arch_id: str
+    graph: dict[str, object]  # an image trial's architecture (nas.serialize)
+    transformer: dict[str, object]  # a language trial's (nas.language.spec)
+    flops: TrialFlops
+    params: int
 
 
 @dataclass(frozen=True, slots=True)
-class Prepared:
+class Prepared(Generic[ArchT, CostT]):
     """A proposal made ready to run: what the worker builds, what it costs, what a worker must have compiled."""
 
-    arch: Any  # the family's architecture as trained (Graph, TransformerSpec)
-    cost: Any  # the family's analytic cost (GraphCost, LMCost)
+    arch: ArchT  # the family's architecture as trained (Graph, TransformerSpec)
+    cost: CostT  # the family's analytic cost (GraphCost, LMCost)
     compile_key: str
 
 
@@ -44,21 +57,25 @@ class EpochCounts(Protocol):
     def eval_tokens(self) -> int | None: ...
 
 
-class Family(Protocol):
-    """The family-specific part of running a trial (see the module docstring)."""
+class Family(Protocol[ProposalT, ArchT, CostT]):
+    """The family-specific part of running a trial (see the module docstring).
+
+    Generic in the family's proposal, architecture and cost; the master holds a family it does not
+    know (bare ``Family``), so it never branches on which one it is.
+    """
 
     name: FamilyName
 
-    def prepare(self, proposal: Any) -> Prepared: ...
+    def prepare(self, proposal: ProposalT) -> Prepared[ArchT, CostT]: ...
 
-    def arch_dict(self, arch: Any) -> dict[str, Any]: ...
+    def arch_dict(self, arch: ArchT) -> dict[str, object]: ...
 
-    def start_fields(self, proposal: Any, prepared: Prepared, batch_size: int) -> dict[str, Any]: ...
+    def start_fields(self, proposal: ProposalT, prepared: Prepared[ArchT, CostT], batch_size: int) -> StartFields: ...
 
-    def epoch_ops(self, prepared: Prepared, report: EpochCounts) -> tuple[float, float, float | None]: ...
+    def epoch_ops(self, prepared: Prepared[ArchT, CostT], report: EpochCounts) -> tuple[float, float, float | None]: ...
 
-    def size(self, prepared: Prepared) -> float:
+    def size(self, prepared: Prepared[ArchT, CostT]) -> float:
         """The trial's training operations per example (image or token): what a size schedule measures."""
         ...
 
-    def proposal_from_record(self, rec: TrialStartRecord) -> Any: ...
+    def proposal_from_record(self, rec: TrialStartRecord) -> ProposalT: ...

@@ -32,7 +32,7 @@ import subprocess
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, NotRequired, TypedDict
+from typing import Literal, NotRequired, Required, TypedDict
 
 from aiperf.metrics.score import format_ops
 
@@ -78,6 +78,87 @@ class MeterSpec(TypedDict):
     timeout_s: float
 
 
+class RaplZone(TypedDict):
+    """One powercap RAPL zone as :meth:`PowercapZones.read` gives it: its raw counters, or why they are unread.
+
+    Read back from ``telemetry.jsonl`` a counter that is not a number is None.
+    """
+
+    zone: str
+    name: str | None
+    energy_uj: NotRequired[int | None]
+    max_energy_range_uj: NotRequired[int | None]
+    error: NotRequired[str]
+
+
+class MeterReading(TypedDict, total=False):
+    """One reading of the site meter (:meth:`SiteMeter.read`): ``power_w`` or ``energy_j``, else ``error``.
+
+    The meter fills ``source``, ``scope``, ``reading`` and ``covers`` every time; read back, a number that
+    is not one is None.
+    """
+
+    source: str
+    scope: str  # node or system
+    reading: str  # watts or joules
+    covers: list[str]
+    power_w: float | None
+    energy_j: float | None
+    error: str
+
+
+class AcceleratorReading(TypedDict, total=False):
+    """An accelerator of a sample as read back (``telemetry.AcceleratorSample``, a malformed number None)."""
+
+    index: int | None
+    name: str | None
+    util_percent: float | None
+    mem_used_bytes: int | None
+    mem_total_bytes: int | None
+    power_w: float | None
+    outside_util_percent: float | None
+    energy_mj: int | None
+
+
+class PowerSample(TypedDict, total=False):
+    """A node's power-thread reading inside a sample, as read back (``telemetry.PowerReading``)."""
+
+    node_wall: Required[float]
+    accelerators: list[AcceleratorReading]
+    rapl: list[RaplZone]
+    meter: MeterReading
+
+
+class TelemetrySample(TypedDict, total=False):
+    """A line of ``telemetry.jsonl`` as :func:`aiperf.sampling.telemetry.read_telemetry` gives it back.
+
+    A node's sample (``telemetry.NodeSample`` with the recorder's ``node`` and ``wall``), every
+    number a reader uses checked (a malformed one None), or a sampler's ``error``. A key absent
+    from an older file is absent here too. :func:`expand_power` makes one of each power reading.
+    """
+
+    node: Required[str]
+    wall: Required[float]
+    error: str
+    node_wall: float | None
+    hostname: str | None
+    cpu_percent: float | None
+    cpus: int | None
+    cpu_busy_s: float | None
+    run_cpu_s: float | None
+    host_mem_used_bytes: int | None
+    host_mem_total_bytes: int | None
+    power_cpu_s: float | None
+    accelerators: list[AcceleratorReading]
+    rapl: list[RaplZone]
+    meter: MeterReading
+    power: list[PowerSample]
+
+
+HostEnergy = dict[str, str | float | dict[str, float]]
+"""One host's line of ``energy.by_host``: ``host``, joules per subsystem (``dram_j``), ``other_zones_j``."""
+
+
 # --- reading, on each node --------------------------------------------------------------------
 
 
@@ -104,10 +185,10 @@ class PowercapZones:
             max_range = _read_int(self.root / entry / "max_energy_range_uj")
             self.zones.append((entry, name, max_range))
 
-    def read(self) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
+    def read(self) -> list[RaplZone]:
+        out: list[RaplZone] = []
         for entry, name, max_range in self.zones:
-            zone: dict[str, Any] = {"zone": entry, "name": name}
+            zone: RaplZone = {"zone": entry, "name": name}
             try:
                 zone["energy_uj"] = int((self.root / entry / "energy_uj").read_text().strip())
                 zone["max_energy_range_uj"] = max_range
@@ -215,10 +296,10 @@ class SiteMeter:
         self.failures = 0
         self.disabled: str | None = None
 
-    def read(self) -> dict[str, Any]:
+    def read(self) -> MeterReading:
         """``{"source", "scope", "reading", "covers", "power_w"|"energy_j"|"error"}`` for a sample."""
         spec = self.spec
-        out: dict[str, Any] = {
+        out: MeterReading = {
             "source": Path(self.argv[0]).name,  # the program only: arguments may hold a host or a password
             "scope": spec["scope"],
             "reading": spec["reading"],
@@ -237,7 +318,10 @@ class SiteMeter:
                 logger.warning("power meter %s: %s", out["source"], self.disabled)
             return out
         self.failures = 0
-        out["power_w" if spec["reading"] == "watts" else "energy_j"] = value
+        if spec["reading"] == "watts":
+            out["power_w"] = value
+        else:
+            out["energy_j"] = value
         return out
 
 
@@ -283,7 +367,7 @@ class EnergySummary(TypedDict):
     level_text: str | None
     aspects: dict[str, Aspect]
     by_subsystem: dict[str, SourceFigure]
-    by_host: list[dict[str, Any]]
+    by_host: list[HostEnergy]
     not_available: dict[str, str]
     notes: list[str]
     # Power readings a second of the slowest node's power thread (None: read only with the telemetry samples),
@@ -390,31 +474,31 @@ def _rapl_subsystem(name: object) -> str | None:
     return None
 
 
-def _host_rounds(samples: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+def _host_rounds(samples: list[TelemetrySample]) -> dict[tuple[str, str], list[TelemetrySample]]:
     """Each host's samples, one per polling round, split where the sampling node changes (a resumed run).
 
     Several Ray nodes on one host (a simulated cluster) read the same counters: the node with
     the smallest id speaks for the host in each round, so nothing is counted twice.
     """
-    chosen: dict[tuple[str, float], dict[str, Any]] = {}
+    chosen: dict[tuple[str, float], TelemetrySample] = {}
     for s in samples:
         key = (s.get("hostname") or s["node"], s["wall"])
         if key not in chosen or s["node"] < chosen[key]["node"]:
             chosen[key] = s
-    out: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    out: dict[tuple[str, str], list[TelemetrySample]] = {}
     for (host, _), s in sorted(chosen.items(), key=lambda kv: (kv[0][0], kv[0][1])):
         out.setdefault((host, s["node"]), []).append(s)
     return out
 
 
-def _not_available_accelerators(samples: list[dict[str, Any]]) -> str:
+def _not_available_accelerators(samples: list[TelemetrySample]) -> str:
     devices = [a for s in samples for a in s.get("accelerators") or []]
     if not devices:
         return "no accelerators seen through NVML"
     return "NVML reports neither an energy counter nor power for the accelerators"
 
 
-def _not_available_rapl(samples: list[dict[str, Any]], subsystem: str) -> str:
+def _not_available_rapl(samples: list[TelemetrySample], subsystem: str) -> str:
     if not any("rapl" in s for s in samples):
         return "not recorded (telemetry written before RAPL was read)"
     zones = [z for s in samples for z in s.get("rapl") or []]
@@ -430,7 +514,7 @@ def _not_available_rapl(samples: list[dict[str, Any]], subsystem: str) -> str:
 _Points = list[tuple[float, float | None, float | None]]  # (wall, counter, watts)
 
 
-def _host_series(rounds: list[dict[str, Any]]) -> tuple[dict[str, list[_Series]], dict[str, float], bool]:
+def _host_series(rounds: list[TelemetrySample]) -> tuple[dict[str, list[_Series]], dict[str, float], bool]:
     """One host's series per subsystem, its RAPL zones outside the figure (core, uncore, psys) and whether
     a RAPL interval was long enough to hide a second wrap."""
     devices: dict[object, _Points] = {}
@@ -471,14 +555,14 @@ def _host_series(rounds: list[dict[str, Any]]) -> tuple[dict[str, list[_Series]]
 
 
 class _SiteReadings(TypedDict):
-    spec: dict[str, Any]  # the first reading: source, scope, reading, covers
+    spec: MeterReading  # the first reading: source, scope, reading, covers
     errors: list[str]
     system: _Series | None
 
 
-def _site_meter(good: list[dict[str, Any]]) -> _SiteReadings:
+def _site_meter(good: list[TelemetrySample]) -> _SiteReadings:
     """The site meter's failures and its system-scope series (node-scope readings are in each host's series)."""
-    spec: dict[str, Any] = {}
+    spec: MeterReading = {}
     errors: list[str] = []
     points: _Points = []
     for s in good:
@@ -523,7 +607,9 @@ def _figure(subsystem: str, series: list[_Series], hosts: int, meter: str, inter
     }
 
 
-def _not_available(good: list[dict[str, Any]], figures: dict[str, SourceFigure], site: _SiteReadings) -> dict[str, str]:
+def _not_available(
+    good: list[TelemetrySample], figures: dict[str, SourceFigure], site: _SiteReadings
+) -> dict[str, str]:
     """Each source the run lacks, and why."""
     out: dict[str, str] = {}
     if "accelerators" not in figures:
@@ -555,7 +641,7 @@ def _choice(
     return kinds, series, kinds, sum(any(k in subs for k in kinds) for subs in used.values())
 
 
-def expand_power(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def expand_power(samples: Sequence[TelemetrySample]) -> list[TelemetrySample]:
     """The samples with each node's power-thread readings (``power``) as samples of their own.
 
     A reading carries the node's clock (``node_wall``); it is placed on the master's clock, as
@@ -563,7 +649,7 @@ def expand_power(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
     and host. Samples without readings (older files, ``run.power_interval_s: 0``) come through
     as they are.
     """
-    out: list[dict[str, Any]] = []
+    out: list[TelemetrySample] = []
     for s in samples:
         out.append(s)
         readings = s.get("power")
@@ -572,7 +658,11 @@ def expand_power(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
         node_wall = _num(s.get("node_wall"))
         offset = s["wall"] - node_wall if node_wall is not None else 0.0
         for r in readings:
-            reading = {"wall": round(r["node_wall"] + offset, 3), "node": s["node"], "hostname": s.get("hostname")}
+            reading: TelemetrySample = {
+                "wall": round(r["node_wall"] + offset, 3),
+                "node": s["node"],
+                "hostname": s.get("hostname"),
+            }
             reading["accelerators"] = r.get("accelerators") or []
             if "rapl" in r:
                 reading["rapl"] = r["rapl"]
@@ -582,7 +672,7 @@ def expand_power(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def power_sampling(samples: list[dict[str, Any]]) -> tuple[float | None, float | None]:
+def power_sampling(samples: Sequence[TelemetrySample]) -> tuple[float | None, float | None]:
     """(power readings a second per node over the span they cover, the CPU seconds the readings cost in all).
 
     None where no node's power thread ran (readings only with each telemetry sample).
@@ -607,7 +697,7 @@ def power_sampling(samples: list[dict[str, Any]]) -> tuple[float | None, float |
 
 
 def summarize_energy(
-    samples: list[dict[str, Any]],
+    samples: Sequence[TelemetrySample],
     *,
     ops_per_s: float,
     wall_s: float,
@@ -648,9 +738,9 @@ def summarize_energy(
                 " energy may be missing (lower run.telemetry_interval_s)"
             )
     used = {host: {k: v for k, v in subs.items() if v} for host, subs in used.items()}
-    by_host: list[dict[str, Any]] = []
+    by_host: list[HostEnergy] = []
     for host, subs in sorted(used.items()):
-        entry: dict[str, Any] = {"host": host, **{f"{k}_j": sum(x.energy_j for x in v) for k, v in subs.items()}}
+        entry: HostEnergy = {"host": host, **{f"{k}_j": sum(x.energy_j for x in v) for k, v in subs.items()}}
         if host in others:
             entry["other_zones_j"] = others[host]  # core, uncore (inside a package), psys (overlaps): not added
         by_host.append(entry)
@@ -730,7 +820,7 @@ def _overlap(series: _Series, start: float | None, wall_s: float) -> float:
 
 
 def _not_measured(
-    reasons: str, hosts: int, not_available: dict[str, str], by_host: list[dict[str, Any]], notes: list[str]
+    reasons: str, hosts: int, not_available: dict[str, str], by_host: list[HostEnergy], notes: list[str]
 ) -> EnergySummary:
     return {
         "measured": False,
@@ -911,7 +1001,7 @@ class TrialEnergy(TypedDict):
     by_trial: dict[str, float] | None  # None beyond MAX_TRIALS_WITH_ENERGY trials
 
 
-def _node_power(samples: list[dict[str, Any]]) -> dict[str, list[tuple[float, float, float]]]:
+def _node_power(samples: list[TelemetrySample]) -> dict[str, list[tuple[float, float, float]]]:
     """Each node's metered power between consecutive readings: ``(t0, t1, watts)``.
 
     Per interval the node's power is what its readings tell, summed over its sources: an
@@ -919,7 +1009,7 @@ def _node_power(samples: list[dict[str, Any]]) -> dict[str, list[tuple[float, fl
     package and DRAM counters, its node-scope site meter. A system-scope meter is the whole
     machine's and is not a node's.
     """
-    by_node: dict[str, list[dict[str, Any]]] = {}
+    by_node: dict[str, list[TelemetrySample]] = {}
     for s in samples:
         if "error" not in s:
             by_node.setdefault(s["node"], []).append(s)
@@ -938,7 +1028,7 @@ def _node_power(samples: list[dict[str, Any]]) -> dict[str, list[tuple[float, fl
     return out
 
 
-def _interval_joules(a: dict[str, Any], b: dict[str, Any], dt: float) -> float | None:
+def _interval_joules(a: TelemetrySample, b: TelemetrySample, dt: float) -> float | None:
     total, seen = 0.0, False
     devices_a = {d.get("index"): d for d in a.get("accelerators") or []}
     for d in b.get("accelerators") or []:
@@ -953,10 +1043,10 @@ def _interval_joules(a: dict[str, Any], b: dict[str, Any], dt: float) -> float |
             total, seen = total + (w0 + w1) / 2 * dt, True
     zones_a = {z.get("zone"): z for z in a.get("rapl") or []}
     for z in b.get("rapl") or []:
-        prev = zones_a.get(z.get("zone"))
-        if prev is None or _rapl_subsystem(z.get("name")) is None:
+        prev_zone = zones_a.get(z.get("zone"))
+        if prev_zone is None or _rapl_subsystem(z.get("name")) is None:
             continue
-        c0, c1, top = _num(prev.get("energy_uj")), _num(z.get("energy_uj")), _num(z.get("max_energy_range_uj"))
+        c0, c1, top = _num(prev_zone.get("energy_uj")), _num(z.get("energy_uj")), _num(z.get("max_energy_range_uj"))
         if c0 is None or c1 is None:
             continue
         delta = c1 - c0 if c1 >= c0 else (c1 + top - c0 if top else None)
@@ -973,7 +1063,7 @@ def _interval_joules(a: dict[str, Any], b: dict[str, Any], dt: float) -> float |
     return total if seen else None
 
 
-def energy_by_trial(samples: list[dict[str, Any]], spans: list[TrialSpan]) -> TrialEnergy | None:
+def energy_by_trial(samples: Sequence[TelemetrySample], spans: list[TrialSpan]) -> TrialEnergy | None:
     """Each trial's energy: its node's metered power over the trial's attempts, shared evenly at each moment
     among the trials training on that node then (None when no node's power was metered)."""
     power = _node_power(expand_power(samples))

@@ -50,18 +50,39 @@ import math
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, NoReturn, NotRequired, Protocol, TextIO, TypedDict, TypeGuard, TypeVar
+from typing import (
+    TYPE_CHECKING,
+    NamedTuple,
+    NoReturn,
+    NotRequired,
+    Protocol,
+    TextIO,
+    TypedDict,
+    TypeGuard,
+    TypeVar,
+    cast,
+)
 
 from aiperf.errors import AiperfError, first_line
 from aiperf.ledger.files import LineTooLong, bounded_lines, open_regular
-from aiperf.sampling.energy import POWERCAP_ROOT, MeterSpec, PowercapZones, SiteMeter
+from aiperf.sampling.energy import (
+    POWERCAP_ROOT,
+    MeterReading,
+    MeterSpec,
+    PowercapZones,
+    RaplZone,
+    SiteMeter,
+    TelemetrySample,
+)
 
 if TYPE_CHECKING:
     from pynvml import c_nvmlDevice_t
+    from ray import ObjectRef
+    from ray.actor import ActorHandle
 
 
 logger = logging.getLogger(__name__)
@@ -121,8 +142,8 @@ class PowerReading(TypedDict):
 
     node_wall: float
     accelerators: list[AcceleratorPower]
-    rapl: list[dict[str, Any]]
-    meter: NotRequired[dict[str, Any]]
+    rapl: list[RaplZone]
+    meter: NotRequired[MeterReading]
 
 
 class NodeSample(TypedDict):
@@ -137,8 +158,8 @@ class NodeSample(TypedDict):
     host_mem_used_bytes: int
     host_mem_total_bytes: int
     accelerators: list[AcceleratorSample]
-    rapl: list[dict[str, Any]]  # every powercap RAPL zone, raw (aiperf.sampling.energy.PowercapZones)
-    meter: NotRequired[dict[str, Any]]  # the site meter's reading, where one is configured for this node
+    rapl: list[RaplZone]  # every powercap RAPL zone, raw (aiperf.sampling.energy.PowercapZones)
+    meter: NotRequired[MeterReading]  # the site meter's reading, where one is configured for this node
     power: NotRequired[list[PowerReading]]  # the power thread's readings since the last sample (run.power_interval_s)
     power_cpu_s: NotRequired[float]  # the CPU seconds those readings have cost this node so far
 
@@ -454,7 +475,7 @@ class TelemetryRecorder:
         self.interval_s = float(interval_s)
         self.power_interval_s = max(0.0, float(power_interval_s))
         self.meter = meter
-        self._actors: dict[str, Any] = {}  # node id -> its sampler's Ray actor handle
+        self._actors: dict[str, ActorHandle[NodeSampler]] = {}  # node id -> its sampler's Ray actor handle
         self._stop = threading.Event()
         self._run_stopping = threading.Event()  # the run was signalled: a sampler that dies now went with the job
         self._thread: threading.Thread | None = None
@@ -485,8 +506,11 @@ class TelemetryRecorder:
         meters = self.meters_for(nodes)
         for node in nodes:
             strategy = NodeAffinitySchedulingStrategy(node.node_id, soft=False)
-            self._actors[node.node_id] = remote.options(scheduling_strategy=strategy).remote(
-                master, meters.get(node.node_id), POWERCAP_ROOT, self.power_interval_s
+            self._actors[node.node_id] = cast(  # Ray's stubs allow the class itself here; it is a handle
+                "ActorHandle[NodeSampler]",
+                remote.options(scheduling_strategy=strategy).remote(
+                    master, meters.get(node.node_id), POWERCAP_ROOT, self.power_interval_s
+                ),
             )
         self._thread = threading.Thread(target=self._loop, name="aiperf-telemetry", daemon=True)
         self._thread.start()
@@ -533,7 +557,7 @@ class TelemetryRecorder:
         import ray
 
         asked = round(time.time(), 3)  # the master's clock, like the ledger's wall: one time per round
-        refs = {node: actor.sample.remote() for node, actor in self._actors.items()}
+        refs: dict[str, ObjectRef[NodeSample]] = {node: actor.sample.remote() for node, actor in self._actors.items()}
         if not refs:
             return
         ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=_SAMPLE_TIMEOUT_S)
@@ -576,7 +600,7 @@ class TelemetryRecorder:
             return False
         return True
 
-    def write(self, sample: dict[str, Any]) -> None:
+    def write(self, sample: Mapping[str, object]) -> None:
         """Append one sample (a line of JSON) and flush it; nothing once the recorder stopped."""
         line = json.dumps(sample, sort_keys=True) + "\n"  # ASCII: json.dumps escapes the rest
         with self._file_lock:
@@ -600,7 +624,7 @@ class TelemetryRecorder:
         self._digest.update(data)
         self._bytes += len(data)
 
-    def run_stop_fields(self) -> dict[str, Any]:
+    def run_stop_fields(self) -> dict[str, int | str]:
         """What the run's ``run_stop`` binds of ``telemetry.jsonl``: its size and SHA-256, when all of it was written
         here; nothing when telemetry stopped early or never started (what is on disk is then not known).
 
@@ -632,7 +656,7 @@ class TelemetryRecorder:
             release.join(timeout=_STOP_WAIT_S)
 
 
-def _release(actors: list[Any]) -> None:
+def _release(actors: list[ActorHandle[NodeSampler]]) -> None:
     """End each sampler actor (the run is over); one already gone with its node is skipped."""
     import ray
 
@@ -657,7 +681,7 @@ _ZONE_NUMBERS = ("energy_uj", "max_energy_range_uj")
 _METER_NUMBERS = ("power_w", "energy_j")
 
 
-def _clean_sample(sample: object) -> dict[str, Any] | None:
+def _clean_sample(sample: object) -> TelemetrySample | None:
     """A sample with every field a reader uses of the right type (a wrong one becomes None), or None.
 
     ``telemetry.jsonl`` is not part of the hash chain and may be edited: a line that is not
@@ -670,7 +694,7 @@ def _clean_sample(sample: object) -> dict[str, Any] | None:
         return None
     out = dict(sample)
     if "error" in out:
-        return out
+        return cast(TelemetrySample, out)  # a sampler's error: node, wall and why
     out["hostname"] = out.get("hostname") if isinstance(out.get("hostname"), str) else None
     for key in (*_SAMPLE_NUMBERS, *_SAMPLE_BYTES, "power_cpu_s"):
         if key in out and not _number(out[key]):
@@ -683,10 +707,10 @@ def _clean_sample(sample: object) -> dict[str, Any] | None:
             for r in (readings if isinstance(readings, list) else [])
             if isinstance(r, dict) and _number(r.get("node_wall"), 0, 253402300799.0)
         ]
-    return out
+    return cast(TelemetrySample, out)  # every field a reader uses checked above
 
 
-def _clean_power_fields(out: dict[str, Any]) -> dict[str, Any]:
+def _clean_power_fields(out: dict[str, object]) -> dict[str, object]:
     """``out``'s accelerators, RAPL zones and meter reading with every number a reader uses checked (in place)."""
     devices = out.get("accelerators")
     out["accelerators"] = [
@@ -715,7 +739,7 @@ def _clean_power_fields(out: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _hash_file(path: Path, digest: Any, limit: int | None = None) -> tuple[int, bool]:
+def _hash_file(path: Path, digest: _Digest, limit: int | None = None) -> tuple[int, bool]:
     """Feed ``digest`` the file's bytes (its first ``limit``); (bytes fed, whether the last line is unfinished)."""
     total, last = 0, b"\n"
     with open(path, "rb") as fh:
@@ -727,6 +751,12 @@ def _hash_file(path: Path, digest: Any, limit: int | None = None) -> tuple[int, 
             total += len(chunk)
             last = chunk[-1:]
     return total, total > 0 and last != b"\n"
+
+
+class _Digest(Protocol):
+    """What :func:`_hash_file` feeds: a hashlib object."""
+
+    def update(self, data: bytes, /) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -742,7 +772,7 @@ class BoundTelemetry:
     """A run's samples, and whether they are the ones its ledger binds: True, False (the file differs: no
     samples), or None (the ledger binds none: written before 2026-12-07, or the run did not end)."""
 
-    samples: list[dict[str, Any]]
+    samples: list[TelemetrySample]
     bound: bool | None
 
 
@@ -761,7 +791,7 @@ def read_bound_telemetry(run_dir: str | Path, binding: TelemetryBinding | None) 
     return BoundTelemetry(read_telemetry(run_dir, binding.bytes), True)
 
 
-def read_telemetry(run_dir: str | Path, upto: int | None = None) -> list[dict[str, Any]]:
+def read_telemetry(run_dir: str | Path, upto: int | None = None) -> list[TelemetrySample]:
     """The samples of a run (an absent file is no samples; a torn or malformed line is dropped), of its first
     ``upto`` bytes when given.
 
@@ -806,7 +836,7 @@ def _mean(values: Iterable[float | None]) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
-def summarize_telemetry(samples: list[dict[str, Any]], interval_s: float | None = None) -> TelemetrySummary:
+def summarize_telemetry(samples: Sequence[TelemetrySample], interval_s: float | None = None) -> TelemetrySummary:
     """Mean utilisation, peak memory and CPU shares of a run's samples.
 
     Energy and OPS per watt are the summary's ``energy`` section (:func:`aiperf.sampling.energy.summarize_energy`).
@@ -832,7 +862,17 @@ def summarize_telemetry(samples: list[dict[str, Any]], interval_s: float | None 
     }
 
 
-def cpu_shares(samples: list[dict[str, Any]]) -> CpuShares:
+class _CpuPoint(NamedTuple):
+    """A sample's CPU counters, each a checked number (:func:`cpu_shares`)."""
+
+    node_wall: float
+    wall: float
+    cpus: float
+    cpu_busy_s: float
+    run_cpu_s: float
+
+
+def cpu_shares(samples: Sequence[TelemetrySample]) -> CpuShares:
     """CPU time of the run and of everything else on its hosts, as shares of their CPU capacity.
 
     For each sampler, between its consecutive samples: the host's busy CPU seconds, of which
@@ -843,20 +883,22 @@ def cpu_shares(samples: list[dict[str, Any]]) -> CpuShares:
     host's series. Intervals where a counter went backwards are skipped. All None without
     the counters (runs recorded before they existed).
     """
-    series: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    series: dict[tuple[str, str], list[_CpuPoint]] = {}
     for s in samples:
-        if all(_number(s.get(k)) for k in ("cpu_busy_s", "run_cpu_s", "cpus", "node_wall")):
-            series.setdefault((s.get("hostname") or s["node"], s["node"]), []).append(s)
+        busy, run, cpus, node_wall = s.get("cpu_busy_s"), s.get("run_cpu_s"), s.get("cpus"), s.get("node_wall")
+        if _number(busy) and _number(run) and _number(cpus) and _number(node_wall):
+            point = _CpuPoint(node_wall, s["wall"], cpus, busy, run)
+            series.setdefault((s.get("hostname") or s["node"], s["node"]), []).append(point)
     rounds: dict[tuple[str, float], tuple[float, float, float]] = {}  # (host, wall) -> (capacity, run, outside)
     for (host, _), points in sorted(series.items()):
-        points.sort(key=lambda s: s["node_wall"])
+        points.sort(key=lambda p: p.node_wall)
         for a, b in itertools.pairwise(points):
-            dt = b["node_wall"] - a["node_wall"]
-            busy = b["cpu_busy_s"] - a["cpu_busy_s"]
-            used = b["run_cpu_s"] - a["run_cpu_s"]
-            if dt <= 0 or busy < 0 or used < 0 or not b["cpus"] or (host, b["wall"]) in rounds:
+            dt = b.node_wall - a.node_wall
+            busy = b.cpu_busy_s - a.cpu_busy_s
+            used = b.run_cpu_s - a.run_cpu_s
+            if dt <= 0 or busy < 0 or used < 0 or not b.cpus or (host, b.wall) in rounds:
                 continue
-            rounds[(host, b["wall"])] = (dt * b["cpus"], min(used, busy), max(0.0, busy - used))
+            rounds[(host, b.wall)] = (dt * b.cpus, min(used, busy), max(0.0, busy - used))
     capacity = sum(r[0] for r in rounds.values())
     if capacity <= 0:
         return {"cpu_run_percent": None, "cpu_outside_percent": None}

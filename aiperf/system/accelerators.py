@@ -12,7 +12,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, TypeVar
+from types import ModuleType
+from typing import TypedDict, TypeVar
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +29,27 @@ TOPOLOGY_LEVELS = {
     50: "system (across sockets)",
 }
 NVLINK_MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS in recent drivers (Hopper has 18)
+
+
+class AcceleratorDescriptionDict(TypedDict, total=False):
+    """:meth:`AcceleratorDescription.to_dict` as it is read back (a description may lack a key)."""
+
+    index: int
+    name: str
+    memory_bytes: int
+    driver: str | None
+    cuda_driver: str | None
+    compute_capability: list[int] | None
+    max_sm_mhz: int | None
+    max_memory_mhz: int | None
+    memory_bus_bits: int | None
+    pci_bus_id: str | None
+    pcie_generation: int | None
+    pcie_width: int | None
+    nvlinks_active: int | None
+    nvlink_version: int | None
+    power_limit_w: float | None
+    source: str
 
 
 @dataclass
@@ -51,7 +73,7 @@ class AcceleratorDescription:
     power_limit_w: float | None = None
     source: str = "nvml"  # nvml or nvidia-smi
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
 
@@ -63,7 +85,7 @@ class AcceleratorSet:
     topology: dict[str, str] = field(default_factory=dict)
 
 
-def _load_nvml() -> Any | None:
+def _load_nvml() -> ModuleType | None:
     """The initialised ``pynvml`` module, or None (not installed, no driver, no device)."""
     try:
         import pynvml
@@ -96,7 +118,7 @@ def _cuda_version(value: int | None) -> str | None:
     return f"{value // 1000}.{value % 1000 // 10}" if isinstance(value, int) and value > 0 else None
 
 
-def _nvlinks(nvml: Any, handle: object) -> tuple[int | None, int | None]:
+def _nvlinks(nvml: ModuleType, handle: object) -> tuple[int | None, int | None]:
     """(active NVLinks, their version); (None, None) when the device has no NVLink query."""
     active, version = 0, None
     answered = False
@@ -111,7 +133,7 @@ def _nvlinks(nvml: Any, handle: object) -> tuple[int | None, int | None]:
     return (active, version) if answered else (None, None)
 
 
-def read_nvml(nvml: Any) -> AcceleratorSet:
+def read_nvml(nvml: ModuleType) -> AcceleratorSet:
     """Every device NVML lists (the whole node, whatever CUDA_VISIBLE_DEVICES says)."""
     driver = _text(_ask(nvml.nvmlSystemGetDriverVersion))
     cuda = _cuda_version(_ask(nvml.nvmlSystemGetCudaDriverVersion))
@@ -149,7 +171,7 @@ def read_nvml(nvml: Any) -> AcceleratorSet:
     return AcceleratorSet(devices, _topology(nvml, handles, devices))
 
 
-def _topology(nvml: Any, handles: list[object], devices: list[AcceleratorDescription]) -> dict[str, str]:
+def _topology(nvml: ModuleType, handles: list[object], devices: list[AcceleratorDescription]) -> dict[str, str]:
     """How each pair of devices is connected: NVLink where both have active links, else the PCIe path."""
     topology: dict[str, str] = {}
     for i, a in enumerate(devices):

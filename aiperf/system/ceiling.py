@@ -14,9 +14,13 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from aiperf.errors import first_line
+
+if TYPE_CHECKING:
+    from keras import KerasTensor
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +48,7 @@ class Ceiling:
     device_ids: str = ""  # CUDA_VISIBLE_DEVICES of the worker: workers sharing a GPU share its ceiling
     error: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
 
@@ -55,12 +59,14 @@ def ceiling_seconds(setting: float | str, device_kind: str) -> float:
     return max(0.0, float(setting))
 
 
-def _sync(ops: Any, value: Any) -> None:
+def _sync(ops: ModuleType, value: KerasTensor) -> None:
     """Wait for ``value`` (accelerators run asynchronously): fetch one element of it."""
     ops.convert_to_numpy(ops.cast(value[0, 0], "float32"))
 
 
-def _rate_at(ops: Any, a: Any, b: Any, n: int, budget_s: float, first: bool = False) -> SizeRate | None:
+def _rate_at(
+    ops: ModuleType, a: KerasTensor, b: KerasTensor, n: int, budget_s: float, first: bool = False
+) -> SizeRate | None:
     """The best rate of ``a @ b`` in batches that double over about ``budget_s`` seconds; None when out of time.
 
     The ``first`` size is timed whatever its warm-up took: a ceiling without a single rate says

@@ -12,9 +12,10 @@ from __future__ import annotations
 import os
 import platform
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 # Flags worth recording: the vector and matrix extensions that decide FLOPs per cycle.
 VECTOR_FLAGS = (
@@ -35,6 +36,34 @@ VECTOR_FLAGS = (
     "bf16",
     "sme",
 )
+
+
+class CacheLevelDict(TypedDict, total=False):
+    """A :class:`CacheLevel` as a description holds it."""
+
+    level: int
+    type: str
+    size_bytes: int
+    instances: int
+
+
+class CpuDescriptionDict(TypedDict, total=False):
+    """:meth:`CpuDescription.to_dict` as it is read back (a description from another version may lack a key)."""
+
+    model: str
+    vendor: str
+    architecture: str
+    family: int | None
+    sockets: int
+    cores: int
+    threads: int
+    base_mhz: float | None
+    max_mhz: float | None
+    clock_source: str
+    vector_isa: str
+    flags: list[str]
+    sve_vector_bits: int | None
+    caches: list[CacheLevelDict]
 
 
 @dataclass
@@ -71,12 +100,15 @@ class CpuDescription:
     sve_vector_bits: int | None = None  # ARM SVE's default vector length
     caches: list[CacheLevel] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> CpuDescription:
-        """The description :meth:`to_dict` wrote (fields it does not know are left out)."""
+    def from_dict(cls, data: Mapping[str, Any]) -> CpuDescription:
+        """The description :meth:`to_dict` wrote (fields it does not know are left out).
+
+        Untyped values: the known fields go to the constructor as they were decoded.
+        """
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in known and k != "caches"}
         caches = [CacheLevel(**c) for c in data.get("caches") or [] if isinstance(c, dict)]

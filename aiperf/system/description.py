@@ -17,14 +17,24 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Literal, TypedDict
 
+from aiperf.system.accelerators import AcceleratorDescriptionDict
+from aiperf.system.cpu import CpuDescriptionDict
 from aiperf.system.kinds import NodeKind
+from aiperf.system.node import NodeDescriptionDict
 from aiperf.system.peak import PRECISIONS
 from aiperf.system.site import SiteFile
 
 FORMAT = "aiperf-system-1"
 NOT_APPLICABLE = "N/A"
+
+
+class RpeakFigure(TypedDict):
+    """The whole system's Rpeak at one precision (None where any kind's devices have no figure), and its sources."""
+
+    flops_per_s: float | None
+    sources: list[str]
 
 
 def _gib(value: float | int | None) -> str:
@@ -38,7 +48,7 @@ def _size(value: int) -> str:
     return f"{value} B"
 
 
-def _per_kind(kinds: list[NodeKind], field: Callable[[dict[str, Any]], str]) -> str:
+def _per_kind(kinds: list[NodeKind], field: Callable[[NodeDescriptionDict], str]) -> str:
     """One value when every kind agrees, else each kind's value with its node count."""
     values = [field(k.description) for k in kinds]
     if len(set(values)) <= 1:
@@ -46,19 +56,19 @@ def _per_kind(kinds: list[NodeKind], field: Callable[[dict[str, Any]], str]) -> 
     return "; ".join(f"{k.count} node(s): {v}" for k, v in zip(kinds, values, strict=True))
 
 
-def _cpu(d: dict[str, Any]) -> dict[str, Any]:
+def _cpu(d: NodeDescriptionDict) -> CpuDescriptionDict:
     return d.get("cpu") or {}
 
 
-def _accelerators(d: dict[str, Any]) -> list[dict[str, Any]]:
+def _accelerators(d: NodeDescriptionDict) -> list[AcceleratorDescriptionDict]:
     return d.get("accelerators") or []
 
 
-def _first_accelerator(d: dict[str, Any]) -> dict[str, Any]:
+def _first_accelerator(d: NodeDescriptionDict) -> AcceleratorDescriptionDict:
     return (_accelerators(d) or [{}])[0]
 
 
-def _frequency(d: dict[str, Any]) -> str:
+def _frequency(d: NodeDescriptionDict) -> str:
     cpu = _cpu(d)
     parts = []
     if cpu.get("base_mhz"):
@@ -69,7 +79,7 @@ def _frequency(d: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def _caches(d: dict[str, Any]) -> str:
+def _caches(d: NodeDescriptionDict) -> str:
     names = {"Data": "d", "Instruction": "i"}
     return ", ".join(
         f"L{c['level']}{names.get(c['type'], '')} {_size(int(c['size_bytes']))} x {c['instances']}"
@@ -77,19 +87,19 @@ def _caches(d: dict[str, Any]) -> str:
     )
 
 
-def _per_socket(d: dict[str, Any], key: str) -> str:
+def _per_socket(d: NodeDescriptionDict, key: Literal["cores", "threads"]) -> str:
     cpu = _cpu(d)
     return str(max(1, int(cpu.get(key) or 1) // max(1, int(cpu.get("sockets") or 1))))
 
 
-def _accelerator_clock(d: dict[str, Any]) -> str:
+def _accelerator_clock(d: NodeDescriptionDict) -> str:
     if not _accelerators(d):
         return NOT_APPLICABLE
     mhz = _first_accelerator(d).get("max_sm_mhz")
     return f"{mhz} MHz max" if mhz else ""
 
 
-def _host_link(d: dict[str, Any]) -> str:
+def _host_link(d: NodeDescriptionDict) -> str:
     a = _first_accelerator(d)
     if not a:
         return NOT_APPLICABLE
@@ -98,7 +108,7 @@ def _host_link(d: dict[str, Any]) -> str:
     return ""
 
 
-def _accelerator_links(d: dict[str, Any]) -> str:
+def _accelerator_links(d: NodeDescriptionDict) -> str:
     a = _first_accelerator(d)
     if not a:
         return NOT_APPLICABLE
@@ -108,13 +118,13 @@ def _accelerator_links(d: dict[str, Any]) -> str:
     return "PCIe" if len(_accelerators(d)) > 1 else NOT_APPLICABLE
 
 
-def _topology(d: dict[str, Any]) -> str:
+def _topology(d: NodeDescriptionDict) -> str:
     if not _accelerators(d):
         return NOT_APPLICABLE
     return "; ".join(sorted(set((d.get("accelerator_topology") or {}).values())))
 
 
-def _memory_configuration(d: dict[str, Any]) -> str:
+def _memory_configuration(d: NodeDescriptionDict) -> str:
     a = _first_accelerator(d)
     if not a:
         return NOT_APPLICABLE
@@ -125,14 +135,14 @@ def _memory_configuration(d: dict[str, Any]) -> str:
     return ", ".join(p for p in parts if p)
 
 
-def _framework(d: dict[str, Any]) -> str:
+def _framework(d: NodeDescriptionDict) -> str:
     sw = d.get("software") or {}
     backend = sw.get("backend") or "tensorflow"
     version = sw.get(backend)
     return f"Keras {sw.get('keras', '?')} on {backend} {version or '(not installed)'}"
 
 
-def _other_software(d: dict[str, Any]) -> str:
+def _other_software(d: NodeDescriptionDict) -> str:
     sw = d.get("software") or {}
     a = _first_accelerator(d)
     parts = [f"Python {sw.get('python', '?')}", f"Ray {sw.get('ray', '?')}", f"aiperf {sw.get('aiperf', '?')}"]
@@ -147,7 +157,7 @@ def _other_software(d: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def _operating_system(d: dict[str, Any]) -> str:
+def _operating_system(d: NodeDescriptionDict) -> str:
     kernel = d.get("kernel")
     return f"{d.get('operating_system', '')} (kernel {kernel})" if kernel else str(d.get("operating_system", ""))
 
@@ -166,9 +176,9 @@ def _devices_peak(kind: NodeKind, precision: str) -> tuple[float | None, str]:
     return kind.count * devices * float(figure["flops_per_s"]), str(figure["source"])
 
 
-def system_rpeak(kinds: list[NodeKind]) -> dict[str, Any]:
+def system_rpeak(kinds: list[NodeKind]) -> dict[str, RpeakFigure]:
     """The whole system's Rpeak per precision (None where any kind's devices have no figure), and its sources."""
-    out: dict[str, Any] = {}
+    out: dict[str, RpeakFigure] = {}
     for precision in PRECISIONS:
         parts = [_devices_peak(k, precision) for k in kinds]
         total = None if not parts or any(v is None for v, _ in parts) else sum(v or 0.0 for v, _ in parts)
@@ -176,10 +186,10 @@ def system_rpeak(kinds: list[NodeKind]) -> dict[str, Any]:
     return out
 
 
-def build_description(kinds: list[NodeKind], site: SiteFile, measured_at: float | None = None) -> dict[str, Any]:
+def build_description(kinds: list[NodeKind], site: SiteFile, measured_at: float | None = None) -> dict[str, object]:
     """The system.json object for ``kinds`` (each with its ``peaks``) and the submitter's ``site`` file."""
 
-    def override(value: str | None, measured: Callable[[dict[str, Any]], str]) -> str:
+    def override(value: str | None, measured: Callable[[NodeDescriptionDict], str]) -> str:
         return value if value is not None else _per_kind(kinds, measured)
 
     nodes = sum(k.count for k in kinds)

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, cast
+
+from aiperf.system.node import NodeDescriptionDict
 
 IDENTITY = ("hostname",)
 ACCELERATOR_IDENTITY = ("index", "pci_bus_id")
@@ -25,16 +27,18 @@ class NodeKind:
     count: int
     nodes: list[str]  # Ray node ids (a run) or hostnames (``aiperf system``)
     hostnames: list[str]
-    description: dict[str, Any]
+    description: NodeDescriptionDict
     used_accelerators: int = 0  # of this kind's accelerators, those a run trains on (a run only)
     used_cores: int = 0  # physical cores a run trains on, on its CPU-only nodes of this kind (a run only)
-    peaks: dict[str, Any] = field(default_factory=dict)  # aiperf.system.peak.device_peaks
+    # aiperf.system.peak.device_peaks; untyped values: its readers index it by a computed key (per_accelerator
+    # or per_core)
+    peaks: dict[str, Any] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
 
-def _shared(description: dict[str, Any]) -> dict[str, Any]:
+def _shared(description: NodeDescriptionDict) -> dict[str, object]:
     """The part of a node's description that identical nodes share."""
     out = {k: v for k, v in description.items() if k not in IDENTITY}
     out["memory_bytes"] = round((description.get("memory_bytes") or 0) / 2**30) * 2**30
@@ -44,15 +48,16 @@ def _shared(description: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def group_nodes(described: Sequence[tuple[str, dict[str, Any]]]) -> list[NodeKind]:
+def group_nodes(described: Sequence[tuple[str, Mapping[str, object]]]) -> list[NodeKind]:
     """``(node id, NodeDescription.to_dict())`` pairs grouped into kinds, in order of first appearance."""
     kinds: dict[str, NodeKind] = {}
-    for node_id, description in described:
+    for node_id, raw in described:
+        description = cast(NodeDescriptionDict, raw)  # as the node's NodeDescription.to_dict() wrote it
         shared = _shared(description)
         key = json.dumps(shared, sort_keys=True, default=str)
         kind = kinds.get(key)
         if kind is None:
-            first = {k: v for k, v in description.items() if k not in IDENTITY}
+            first = cast(NodeDescriptionDict, {k: v for k, v in description.items() if k not in IDENTITY})
             kinds[key] = NodeKind(1, [node_id], [str(description.get("hostname", ""))], first)
         else:
             kind.count += 1

@@ -10,11 +10,25 @@ import platform
 import socket
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
-from aiperf.system.accelerators import AcceleratorDescription, read_accelerators
-from aiperf.system.cpu import CpuDescription, read_cpu
+from aiperf.system.accelerators import AcceleratorDescription, AcceleratorDescriptionDict, read_accelerators
+from aiperf.system.cpu import CpuDescription, CpuDescriptionDict, read_cpu
 from aiperf.system.software import cuda_libraries, software_versions, source_commit
+
+
+class NodeDescriptionDict(TypedDict, total=False):
+    """:meth:`NodeDescription.to_dict` as it is read back: from a node over Ray, or a kind's (without ``hostname``)."""
+
+    hostname: str
+    cpu: CpuDescriptionDict
+    memory_bytes: int
+    accelerators: list[AcceleratorDescriptionDict]
+    accelerator_topology: dict[str, str]
+    operating_system: str
+    kernel: str
+    software: dict[str, str]
+    commit: str
 
 
 @dataclass
@@ -31,7 +45,7 @@ class NodeDescription:
     software: dict[str, str] = field(default_factory=dict)
     commit: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
 

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from aiperf.system.cpu import CpuDescription
+from aiperf.system.node import NodeDescriptionDict
 
 PRECISIONS = ("float32", "bfloat16", "float16")  # what a run's dtype policy computes in
 TERA = 1e12
@@ -36,7 +37,7 @@ class PeakFigure:
     source: str  # "table", "formula" or "declared"
     reference: str  # the vendor document, the formula with its numbers, or who declared it
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
 
@@ -231,9 +232,12 @@ def cpu_peak(
 
 
 def device_peaks(
-    description: dict[str, Any], declared: Mapping[str, Mapping[str, float]] | None = None
+    description: NodeDescriptionDict, declared: Mapping[str, Mapping[str, float]] | None = None
 ) -> dict[str, Any]:
     """A node description's peaks at every precision: per accelerator (its first model) and per CPU core.
+
+    Untyped values: it becomes a :class:`~aiperf.system.kinds.NodeKind`'s ``peaks``, which its readers index
+    by a computed key (``per_accelerator`` or ``per_core``).
 
     ``declared``: the site file's ``declared_peak``, device model -> precision -> FLOP/s.
     """
@@ -241,8 +245,8 @@ def device_peaks(
     accelerators = description.get("accelerators") or []
     name = str(accelerators[0].get("name", "")) if accelerators else None
     cpu = CpuDescription.from_dict(description.get("cpu") or {"model": ""})
-    per_accelerator: dict[str, Any] = {}
-    per_core: dict[str, Any] = {}
+    per_accelerator: dict[str, dict[str, object] | None] = {}
+    per_core: dict[str, dict[str, object] | None] = {}
     for precision in PRECISIONS:
         if name is not None:
             figure = accelerator_peak(name, precision, dict(declared.get(name, {})))

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from aiperf.families.base import EpochCounts, FamilyName, Prepared
+from aiperf.families.base import EpochCounts, FamilyName, Prepared, StartFields
 from aiperf.families.image.compiled_models import compile_key
 from aiperf.families.image.flops import GraphCost, aiperf_compatible_operations, count_flops_memo, epoch_operations
 from aiperf.ledger.schema import TrialFlops, TrialStartRecord
@@ -21,11 +21,11 @@ class ImageFamily:
 
     name: FamilyName = "image"
 
-    def prepare(self, proposal: TrialProposal) -> Prepared:
+    def prepare(self, proposal: TrialProposal) -> Prepared[Graph, GraphCost]:
         graph = apply_hparams(proposal.graph, proposal.hparams)  # what the worker will build
         return Prepared(graph, count_flops_memo(graph), compile_key(graph))
 
-    def arch_dict(self, arch: Graph) -> dict[str, Any]:
+    def arch_dict(self, arch: Graph) -> dict[str, object]:
         """The graph as a worker is sent it: plain dicts, which Ray's pickler copies in C.
 
         A node's kept document is a :class:`nas.graph.NodeDoc`, a dict subclass, which Ray's
@@ -36,7 +36,9 @@ class ImageFamily:
         doc["nodes"] = [dict(node) for node in doc["nodes"]]
         return doc
 
-    def start_fields(self, proposal: TrialProposal, prepared: Prepared, batch_size: int) -> dict[str, Any]:
+    def start_fields(
+        self, proposal: TrialProposal, prepared: Prepared[Graph, GraphCost], batch_size: int
+    ) -> StartFields:
         cost: GraphCost = prepared.cost
         return {
             "arch_id": prepared.arch.key(),
@@ -51,11 +53,11 @@ class ImageFamily:
             "params": proposal.graph.param_count,
         }
 
-    def size(self, prepared: Prepared) -> float:
+    def size(self, prepared: Prepared[Graph, GraphCost]) -> float:
         cost: GraphCost = prepared.cost
         return float(cost.forward + cost.backward)
 
-    def epoch_ops(self, prepared: Prepared, report: EpochCounts) -> tuple[float, float, float | None]:
+    def epoch_ops(self, prepared: Prepared[Graph, GraphCost], report: EpochCounts) -> tuple[float, float, float | None]:
         train, evaluation = epoch_operations(prepared.cost, report.train_images, report.eval_images, report.batch_size)
         return train, evaluation, aiperf_compatible_operations(prepared.arch, report.train_images, report.eval_images)
 

@@ -26,7 +26,7 @@ import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import IO, TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -126,7 +126,7 @@ class _Importer:
         layer: Layer | None,
         op: str,
         inputs: Sequence[int],
-        attrs: dict[str, Any] | None = None,
+        attrs: dict[str, object] | None = None,
         weights: list[np.ndarray] | None = None,
     ) -> int:
         node_id = len(self.nodes)
@@ -410,7 +410,7 @@ def weights_from_keras(model: Model, graph: Graph) -> Weights:
     return weights
 
 
-def _check_h5(source: Any, label: str, stored: int) -> None:
+def _check_h5(source: Path | IO[bytes], label: str, stored: int) -> None:
     """Raise unless the HDF5 weights in ``source`` (a path or a seekable stream) declare at most ``stored``
     bytes of arrays: Keras writes its datasets uncompressed, so arrays larger than the file holding them
     are a shape bomb (read as declared, a few KB that say 3 GB allocate 3 GB). Reads metadata only."""
@@ -418,7 +418,7 @@ def _check_h5(source: Any, label: str, stored: int) -> None:
 
     found = {"objects": 0, "bytes": 0}
 
-    def visit(name: str, obj: Any) -> None:
+    def visit(name: str, obj: object) -> None:
         found["objects"] += 1
         if found["objects"] > MAX_H5_OBJECTS:
             raise AiperfError(f"{label}: its HDF5 weights hold more than {MAX_H5_OBJECTS:,} groups and datasets")

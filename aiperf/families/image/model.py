@@ -17,7 +17,7 @@ import numpy as np
 from nas.graph import Graph, Node
 
 if TYPE_CHECKING:
-    from keras import DTypePolicy, Initializer, Layer, Model
+    from keras import DTypePolicy, Initializer, KerasTensor, Layer, Model
 
 Weights = dict[int, list[np.ndarray]]
 PIXELS_LAYER = "pixels"
@@ -49,10 +49,12 @@ def _host_he_normal(keras: Any) -> Initializer:  # keras: the module (see trial_
     """
 
     class HostHeNormal(keras.initializers.Initializer):
-        def __call__(self, shape: tuple[int, ...], dtype: str | None = None) -> Any:  # the backend's tensor type
+        def __call__(
+            self, shape: tuple[int, ...], dtype: str | None = None
+        ) -> KerasTensor:  # the backend's tensor type
             return keras.ops.convert_to_tensor(he_normal_values(tuple(shape), dtype or "float32"))
 
-        def get_config(self) -> dict[str, Any]:
+        def get_config(self) -> dict[str, object]:
             return {}
 
     return HostHeNormal()

@@ -30,7 +30,7 @@ import numpy as np
 from nas.graph import Graph
 
 if TYPE_CHECKING:
-    from keras import Model, Variable
+    from keras import KerasTensor, Model, Variable
 
 COSINE_ALPHA = 0.01  # the schedule ends at 1 % of the base rate
 NO_DECAY = ("bias", "gamma", "beta")  # variables weight decay leaves alone
@@ -53,7 +53,7 @@ def trial_sgd(keras: Any) -> type:  # keras: the module, untyped (mypy cannot su
             self.momentums: list[Variable] = []
             self._decays: list[bool] = []
 
-        def _scheduled_rate(self) -> Any:  # a scalar tensor of the backend's own type
+        def _scheduled_rate(self) -> KerasTensor:  # a scalar tensor of the backend's own type
             """Cosine decay from ``base_rate`` to ``COSINE_ALPHA`` of it over ``decay_steps`` steps."""
             step = ops.minimum(ops.cast(self.iterations, "float32"), self.decay_steps)
             cosine = 0.5 * (1.0 + ops.cos(math.pi * step / self.decay_steps))
@@ -66,7 +66,7 @@ def trial_sgd(keras: Any) -> type:  # keras: the module, untyped (mypy cannot su
             self.momentums = self.add_optimizer_variables(variables, "momentum")
             self._decays = [not any(part in v.name for part in NO_DECAY) for v in variables]
 
-        def update_step(self, gradient: Any, variable: Variable, learning_rate: Any) -> None:
+        def update_step(self, gradient: KerasTensor, variable: Variable, learning_rate: KerasTensor) -> None:
             index = self._get_variable_index(variable)
             rate = ops.cast(learning_rate, variable.dtype)
             gradient = ops.cast(gradient, variable.dtype)
@@ -100,7 +100,7 @@ def runtime_dropout(keras: Any) -> type:  # keras: the module (see trial_sgd)
                 self.seed_generator = keras.random.SeedGenerator(self.seed)
             self.built = True
 
-        def call(self, inputs: Any, training: bool = False) -> Any:
+        def call(self, inputs: KerasTensor, training: bool = False) -> KerasTensor:
             if not training:
                 return inputs
             noise = keras.random.uniform(ops.shape(inputs), seed=self.seed_generator, dtype="float32")

@@ -176,7 +176,7 @@ class TrialRunner:
         logits, labels, skipped, _ = EvalStream(ds, batch, self.backend, self.settings.decode_threads).predict(model)
         return logits, labels, skipped
 
-    def _bad_images(self, train: np.ndarray, val: np.ndarray, over: bool) -> dict[str, Any] | None:
+    def _bad_images(self, train: np.ndarray, val: np.ndarray, over: bool) -> dict[str, object] | None:
         """A ``bad_images`` item with the names this worker has not reported yet (None if nothing new)."""
         from aiperf.families.image.stream_input import name_bad
 

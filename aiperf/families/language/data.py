@@ -11,6 +11,7 @@ naming the folder.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +35,7 @@ class LanguageData:
     train_tokens: int
     val_tokens: int
     fingerprint_hex: str
-    facts: dict[str, Any]
+    facts: dict[str, object]  # the loader's other facts, recorded as they are
     corpus: TextCorpus | None = None  # the embedded corpus, carried to the workers
     shards: str | None = None  # a token-shard folder each worker opens
     split_seed: int = 0
@@ -55,7 +56,7 @@ class LanguageData:
     def fingerprint(self) -> str:
         return self.fingerprint_hex
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, Any]:  # spread into DatasetHeader(**...), whose fields differ in type
         """The run header's dataset section (DatasetHeader fields; the rest of the facts ride along)."""
         return {
             **self.facts,
@@ -126,7 +127,7 @@ def load_language_data(cfg: Config) -> LanguageData:
     from aiperf.families.language.token_shards import open_token_folder
 
     folder = open_token_folder(d.path, verify=True)
-    facts = folder.describe()
+    folder_facts = folder.describe()
     tokenizer = str(folder.manifest["tokenizer"])
     per_token = cfg.lm.bytes_per_token
     if tokenizer == "bytes":
@@ -146,13 +147,13 @@ def load_language_data(cfg: Config) -> LanguageData:
         bytes_per_token=float(per_token),
         train_tokens=folder.train.tokens,
         val_tokens=folder.val.tokens,
-        fingerprint_hex=facts["fingerprint"],
-        facts=_header_facts(facts),
+        fingerprint_hex=folder_facts["fingerprint"],
+        facts=_header_facts(folder_facts),
         shards=str(folder.root),
         split_seed=d.split_seed,
     )
 
 
-def _header_facts(facts: dict[str, Any]) -> dict[str, Any]:
+def _header_facts(facts: Mapping[str, object]) -> dict[str, object]:
     """The loader's description less what the header holds under its own names."""
     return {k: v for k, v in facts.items() if k not in ("tokens", "fingerprint", "vocab_size", "tokenizer")}

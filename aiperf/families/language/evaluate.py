@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from aiperf.families.language.model import LOG2E
 
@@ -39,7 +39,7 @@ class LMEvaluation:
 
 def evaluate_lm_weights(
     spec: TransformerSpec,
-    hparams: Mapping[str, Any],
+    hparams: Mapping[str, object],
     weights: Mapping[str, np.ndarray],
     data: LMData,
     *,

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from aiperf.families.base import EpochCounts, FamilyName, Prepared
+from aiperf.families.base import EpochCounts, FamilyName, Prepared, StartFields
 from aiperf.ledger.schema import TrialFlops, TrialStartRecord
 
 if TYPE_CHECKING:
@@ -35,17 +35,19 @@ class LanguageFamily:
 
     name: FamilyName = "language"
 
-    def prepare(self, proposal: LMTrialProposal) -> Prepared:
+    def prepare(self, proposal: LMTrialProposal) -> Prepared[TransformerSpec, LMCost]:
         from nas.language.flops import transformer_flops
 
         seq_len, batch = int(proposal.hparams["seq_len"]), int(proposal.hparams["batch_size"])
         spec = proposal.spec
         return Prepared(spec, LMCost(transformer_flops(spec, seq_len), batch * seq_len), f"lm:{spec.key()}:{seq_len}")
 
-    def arch_dict(self, arch: TransformerSpec) -> dict[str, Any]:
+    def arch_dict(self, arch: TransformerSpec) -> dict[str, object]:
         return arch.to_dict()
 
-    def start_fields(self, proposal: LMTrialProposal, prepared: Prepared, batch_size: int) -> dict[str, Any]:
+    def start_fields(
+        self, proposal: LMTrialProposal, prepared: Prepared[TransformerSpec, LMCost], batch_size: int
+    ) -> StartFields:
         cost: LMCost = prepared.cost
         spec: TransformerSpec = prepared.arch
         return {
@@ -61,11 +63,13 @@ class LanguageFamily:
             "params": spec.params(),
         }
 
-    def size(self, prepared: Prepared) -> float:
+    def size(self, prepared: Prepared[TransformerSpec, LMCost]) -> float:
         cost: LMCost = prepared.cost
         return float(cost.train_per_token)
 
-    def epoch_ops(self, prepared: Prepared, report: EpochCounts) -> tuple[float, float, float | None]:
+    def epoch_ops(
+        self, prepared: Prepared[TransformerSpec, LMCost], report: EpochCounts
+    ) -> tuple[float, float, float | None]:
         """Training: FLOPs per token (its step's update included) x tokens; evaluation: forward x tokens."""
         cost: LMCost = prepared.cost
         if report.train_tokens is None or report.eval_tokens is None:

@@ -38,17 +38,25 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from aiperf.errors import AiperfError, excerpt
 from nas.language.spec import TransformerSpec
 
 if TYPE_CHECKING:
-    from keras import Model
+    # KerasTensor names any tensor a layer sees: symbolic while the functional model is built, the backend's own
+    # when it runs (Keras has no public name for the latter).
+    from keras import KerasTensor, Model, Variable
+    from keras.initializers import Initializer
 
 Weights = dict[str, np.ndarray]
+Shape = tuple[int | None, ...]
+"""A Keras shape: ``None`` where a dimension (batch, sequence) is only known at run time."""
+FeatureShape = tuple[*tuple[int | None, ...], int]
+"""A shape whose last (feature) axis is known: what these layers' ``build`` reads their width from."""
 PACKAGE = "aiperf"
 TOKENS_INPUT = "tokens"
 EMBEDDING_LAYER = "embedding"
@@ -81,18 +89,18 @@ def _layer_classes() -> dict[str, type]:
 
     register = keras.saving.register_keras_serializable(package=PACKAGE)
 
-    def normal(std: float) -> Any:
+    def normal(std: float) -> Initializer:
         return keras.initializers.RandomNormal(stddev=std)
 
     @register
     class LMEmbedding(keras.layers.Layer):
         """Token plus learned position embedding; ``reverse=True`` is the tied output head (float32)."""
 
-        def __init__(self, vocab_size: int, seq_len: int, width: int, **kwargs: Any) -> None:
+        def __init__(self, vocab_size: int, seq_len: int, width: int, **kwargs: object) -> None:
             super().__init__(**kwargs)
             self.vocab_size, self.seq_len, self.width = int(vocab_size), int(seq_len), int(width)
 
-        def build(self, input_shape: Any = None) -> None:
+        def build(self, input_shape: Shape | None = None) -> None:
             # Not autocast: the tied head reads tok_emb in float32 whatever the policy.
             self.tok_emb = self.add_weight(
                 shape=(self.vocab_size, self.width), initializer=normal(0.02), autocast=False, name="tok_emb"
@@ -102,7 +110,7 @@ def _layer_classes() -> dict[str, type]:
             )
             self.built = True
 
-        def call(self, inputs: Any, reverse: bool = False) -> Any:
+        def call(self, inputs: KerasTensor, reverse: bool = False) -> KerasTensor:
             if reverse:
                 x = ops.cast(inputs, "float32")
                 return ops.matmul(x, ops.transpose(ops.cast(self.tok_emb, "float32")))
@@ -111,16 +119,16 @@ def _layer_classes() -> dict[str, type]:
             x = ops.take(self.tok_emb, tokens, axis=0) + self.pos_emb[:seq]
             return ops.cast(x, self.compute_dtype)
 
-        def compute_output_shape(self, input_shape: Any, reverse: bool = False) -> tuple[Any, ...]:
+        def compute_output_shape(self, input_shape: Shape, reverse: bool = False) -> Shape:
             if reverse:
                 return (*tuple(input_shape)[:-1], self.vocab_size)
             return (*tuple(input_shape), self.width)
 
-        def compute_output_spec(self, inputs: Any, reverse: bool = False) -> Any:
+        def compute_output_spec(self, inputs: KerasTensor, reverse: bool = False) -> KerasTensor:
             shape = self.compute_output_shape(inputs.shape, reverse)
             return keras.KerasTensor(shape, dtype="float32" if reverse else self.compute_dtype)
 
-        def get_config(self) -> dict[str, Any]:
+        def get_config(self) -> dict[str, object]:
             return {
                 **super().get_config(),
                 "vocab_size": self.vocab_size,
@@ -132,41 +140,41 @@ def _layer_classes() -> dict[str, type]:
     class LMRMSNorm(keras.layers.Layer):
         """``gain * x / sqrt(mean(x**2) + eps)`` over the last axis, computed in float32."""
 
-        def __init__(self, epsilon: float = 1e-5, **kwargs: Any) -> None:
+        def __init__(self, epsilon: float = 1e-5, **kwargs: object) -> None:
             super().__init__(**kwargs)
             self.epsilon = float(epsilon)
 
-        def build(self, input_shape: Any) -> None:
+        def build(self, input_shape: FeatureShape) -> None:
             self.gain = self.add_weight(shape=(input_shape[-1],), initializer="ones", autocast=False, name="gain")
             self.built = True
 
-        def call(self, inputs: Any) -> Any:
+        def call(self, inputs: KerasTensor) -> KerasTensor:
             x = ops.cast(inputs, "float32")
             scale = ops.rsqrt(ops.mean(ops.square(x), axis=-1, keepdims=True) + self.epsilon)
             return ops.cast(x * scale * ops.cast(self.gain, "float32"), self.compute_dtype)
 
-        def compute_output_shape(self, input_shape: Any) -> Any:
+        def compute_output_shape(self, input_shape: Shape) -> Shape:
             return input_shape
 
-        def get_config(self) -> dict[str, Any]:
+        def get_config(self) -> dict[str, object]:
             return {**super().get_config(), "epsilon": self.epsilon}
 
     @register
     class CausalSelfAttention(keras.layers.Layer):
         """Causal multi-head self-attention, width -> heads*head_dim -> width, no biases."""
 
-        def __init__(self, heads: int, head_dim: int, fused: bool = True, **kwargs: Any) -> None:
+        def __init__(self, heads: int, head_dim: int, fused: bool = True, **kwargs: object) -> None:
             super().__init__(**kwargs)
             self.heads, self.head_dim, self.fused = int(heads), int(head_dim), bool(fused)
 
-        def build(self, input_shape: Any) -> None:
+        def build(self, input_shape: FeatureShape) -> None:
             width, inner = int(input_shape[-1]), self.heads * self.head_dim
             for name in ("wq", "wk", "wv"):
                 setattr(self, name, self.add_weight(shape=(width, inner), initializer=normal(width**-0.5), name=name))
             self.wo = self.add_weight(shape=(inner, width), initializer=normal(inner**-0.5), name="wo")
             self.built = True
 
-        def call(self, inputs: Any) -> Any:
+        def call(self, inputs: KerasTensor) -> KerasTensor:
             batch, seq = ops.shape(inputs)[0], ops.shape(inputs)[1]
             split = (batch, seq, self.heads, self.head_dim)
             q, k, v = (ops.reshape(ops.matmul(inputs, w), split) for w in (self.wq, self.wk, self.wv))
@@ -183,21 +191,21 @@ def _layer_classes() -> dict[str, type]:
             mixed = ops.reshape(mixed, (batch, seq, self.heads * self.head_dim))
             return ops.matmul(mixed, self.wo)
 
-        def compute_output_shape(self, input_shape: Any) -> Any:
+        def compute_output_shape(self, input_shape: Shape) -> Shape:
             return input_shape
 
-        def get_config(self) -> dict[str, Any]:
+        def get_config(self) -> dict[str, object]:
             return {**super().get_config(), "heads": self.heads, "head_dim": self.head_dim, "fused": self.fused}
 
     @register
     class GeluMLP(keras.layers.Layer):
         """``gelu_tanh(x @ w_up) @ w_down``, no biases."""
 
-        def __init__(self, hidden: int, **kwargs: Any) -> None:
+        def __init__(self, hidden: int, **kwargs: object) -> None:
             super().__init__(**kwargs)
             self.hidden = int(hidden)
 
-        def build(self, input_shape: Any) -> None:
+        def build(self, input_shape: FeatureShape) -> None:
             width = int(input_shape[-1])
             self.w_up = self.add_weight(shape=(width, self.hidden), initializer=normal(width**-0.5), name="w_up")
             self.w_down = self.add_weight(
@@ -205,40 +213,40 @@ def _layer_classes() -> dict[str, type]:
             )
             self.built = True
 
-        def call(self, inputs: Any) -> Any:
+        def call(self, inputs: KerasTensor) -> KerasTensor:
             return ops.matmul(ops.gelu(ops.matmul(inputs, self.w_up), approximate=True), self.w_down)
 
-        def compute_output_shape(self, input_shape: Any) -> Any:
+        def compute_output_shape(self, input_shape: Shape) -> Shape:
             return input_shape
 
-        def get_config(self) -> dict[str, Any]:
+        def get_config(self) -> dict[str, object]:
             return {**super().get_config(), "hidden": self.hidden}
 
     @register
     class LMHead(keras.layers.Layer):
         """The untied output projection ``x @ out`` (width, vocab), computed in float32."""
 
-        def __init__(self, vocab_size: int, **kwargs: Any) -> None:
+        def __init__(self, vocab_size: int, **kwargs: object) -> None:
             super().__init__(**kwargs)
             self.vocab_size = int(vocab_size)
 
-        def build(self, input_shape: Any) -> None:
+        def build(self, input_shape: FeatureShape) -> None:
             width = int(input_shape[-1])
             self.out = self.add_weight(
                 shape=(width, self.vocab_size), initializer=normal(width**-0.5), autocast=False, name="out"
             )
             self.built = True
 
-        def call(self, inputs: Any) -> Any:
+        def call(self, inputs: KerasTensor) -> KerasTensor:
             return ops.matmul(ops.cast(inputs, "float32"), ops.cast(self.out, "float32"))
 
-        def compute_output_shape(self, input_shape: Any) -> tuple[Any, ...]:
+        def compute_output_shape(self, input_shape: Shape) -> Shape:
             return (*tuple(input_shape)[:-1], self.vocab_size)
 
-        def compute_output_spec(self, inputs: Any) -> Any:
+        def compute_output_spec(self, inputs: KerasTensor) -> KerasTensor:
             return keras.KerasTensor(self.compute_output_shape(inputs.shape), dtype="float32")
 
-        def get_config(self) -> dict[str, Any]:
+        def get_config(self) -> dict[str, object]:
             return {**super().get_config(), "vocab_size": self.vocab_size}
 
     for cls in (LMEmbedding, LMRMSNorm, CausalSelfAttention, GeluMLP, LMHead):
@@ -253,7 +261,7 @@ def custom_objects() -> dict[str, type]:
 
 def build_lm(
     spec: TransformerSpec,
-    weights: Mapping[str, Any] | None = None,
+    weights: Mapping[str, ArrayLike] | None = None,
     *,
     dtype_policy: str | None = None,
     fused_attention: bool = True,
@@ -294,7 +302,7 @@ def build_lm(
     return model
 
 
-def _variables(model: Model) -> dict[str, Any]:
+def _variables(model: Model) -> dict[str, Variable]:
     """The model's variables under the NumPy naming scheme, in ``TransformerSpec.weight_shapes`` order."""
     try:
         embedding = model.get_layer(EMBEDDING_LAYER)
@@ -304,7 +312,7 @@ def _variables(model: Model) -> dict[str, Any]:
     blocks = sorted(int(m.group(1)) for layer in model.layers if (m := _BLOCK_LAYER.fullmatch(layer.name)))
     if blocks != list(range(len(blocks))):
         raise AiperfError(f"model {model.name!r}: its attention layers are not numbered 0..n-1")
-    out: dict[str, Any] = {"tok_emb": embedding.tok_emb, "pos_emb": embedding.pos_emb}
+    out: dict[str, Variable] = {"tok_emb": embedding.tok_emb, "pos_emb": embedding.pos_emb}
     for b in blocks:
         attn = model.get_layer(f"block{b}_attn")
         mlp = model.get_layer(f"block{b}_mlp")
@@ -319,7 +327,7 @@ def _variables(model: Model) -> dict[str, Any]:
     return out
 
 
-def lm_weights_to_keras(model: Model, weights: Mapping[str, Any]) -> int:
+def lm_weights_to_keras(model: Model, weights: Mapping[str, ArrayLike]) -> int:
     """Load NumPy-named weights into ``model`` (built by :func:`build_lm`); returns how many tensors were set.
 
     ``weights`` must hold exactly the model's tensors with their exact shapes; otherwise one
@@ -359,7 +367,7 @@ def lm_weights_from_keras(model: Model) -> Weights:
 # --- loss ----------------------------------------------------------------------------------------------
 
 
-def next_token_pairs(tokens: Any) -> tuple[np.ndarray, np.ndarray]:
+def next_token_pairs(tokens: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     """(inputs, targets) for next-token prediction: ``tokens[:, :-1]`` and ``tokens[:, 1:]``."""
     tokens = np.asarray(tokens)
     if tokens.ndim != 2 or tokens.shape[1] < 2:
@@ -367,7 +375,7 @@ def next_token_pairs(tokens: Any) -> tuple[np.ndarray, np.ndarray]:
     return tokens[:, :-1], tokens[:, 1:]
 
 
-def lm_cross_entropy(logits: Any, targets: Any) -> Any:
+def lm_cross_entropy(logits: KerasTensor | ArrayLike, targets: KerasTensor | ArrayLike) -> KerasTensor:
     """Mean next-token cross-entropy in nats, as a backend scalar tensor (differentiable; usable as a loss).
 
     ``logits`` [batch, seq, vocab] at position ``t`` are scored against ``targets[:, t]``,
@@ -380,7 +388,9 @@ def lm_cross_entropy(logits: Any, targets: Any) -> Any:
     return ops.mean(per_token)
 
 
-def lm_loss_and_metrics(logits: Any, targets: Any, bytes_per_token: float = 1.0) -> dict[str, float]:
+def lm_loss_and_metrics(
+    logits: KerasTensor | ArrayLike, targets: KerasTensor | ArrayLike, bytes_per_token: float = 1.0
+) -> dict[str, float]:
     """Mean next-token cross-entropy in nats, bits per token and bits per byte, as Python floats.
 
     ``bits_per_token = nats / ln 2`` and ``bits_per_byte = bits_per_token / bytes_per_token``.

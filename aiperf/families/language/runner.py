@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -33,6 +33,9 @@ from aiperf.training.trial import TrialSpec
 from nas.errors import NasError
 from nas.language.morph import LMMorph, apply_morph
 from nas.language.spec import TransformerSpec, Weights, check_weights
+
+if TYPE_CHECKING:
+    from keras import Model
 
 BITS_PER_BYTE_SCALE = 8.0  # quality 0 at 8 bits per byte: no better than storing the bytes as they are
 
@@ -86,7 +89,7 @@ def lm_step_shapes(plan: LMPlan) -> StepShapes:
     return StepShapes(batch, evals, (plan.seq_len,), "int32", "int32", (plan.seq_len,), evaluate=True)
 
 
-def lm_spec_of(spec: TrialSpec, graph: Any, what: str) -> TransformerSpec:
+def lm_spec_of(spec: TrialSpec, graph: object, what: str) -> TransformerSpec:
     """A trial's architecture document as a :class:`TransformerSpec`; one line naming the trial if it is none."""
     try:
         return TransformerSpec.from_dict(graph)
@@ -130,7 +133,7 @@ class LMTrialRunner:
         self.precision = lm_precision(settings.precision)
         self.data = dataset.windows()
         self.last_training: LMTraining | None = None  # the most recent trial, for inspection (tests)
-        self._ahead: Prepared[Any] = Prepared()  # trials' models compiled ahead, by trial id
+        self._ahead: Prepared[Model] = Prepared()  # trials' models compiled ahead, by trial id
 
     def _plan(self, spec: TrialSpec, arch: TransformerSpec) -> LMPlan:
         return check_lm_trial(

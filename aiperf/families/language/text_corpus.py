@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 
@@ -45,6 +45,7 @@ from aiperf.families.language.token_shards import (
     BYTE_EOD,
     BYTE_TOKENIZER,
     BYTE_VOCAB,
+    SplitCounts,
     check_count,
     check_seq_len,
     check_split_args,
@@ -164,6 +165,24 @@ def _pack(docs: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
     return np.frombuffer(stream, dtype=np.uint8), offsets
 
 
+class CorpusFacts(TypedDict):
+    """:meth:`TextCorpus.describe`: the run header's dataset facts of the embedded corpus."""
+
+    name: str
+    source: str
+    python_version: str
+    tokenizer: str
+    vocab_size: int
+    eod_token: int
+    documents: SplitCounts
+    bytes: SplitCounts  # text bytes, without the end-of-document tokens
+    tokens: SplitCounts
+    split: dict[str, object]
+    max_bytes: int | None
+    skipped_documents: int
+    fingerprint: str
+
+
 @dataclass
 class TextCorpus:
     """A corpus split by document; ``*_tokens`` are uint8 byte streams, 0 ends each document."""
@@ -209,7 +228,7 @@ class TextCorpus:
     def tokenizer(self) -> str:
         return BYTE_TOKENIZER
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> CorpusFacts:
         """The facts a ledger records about the data."""
         return {
             "name": f"text_corpus:{self.name}",

@@ -59,10 +59,10 @@ import shutil
 import stat
 import struct
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO, NotRequired, TextIO, TypedDict, cast
 
 import numpy as np
 
@@ -462,12 +462,58 @@ class ShardSet:
         return self._windows(stream, starts, seq_len)
 
 
+class SplitCounts(TypedDict):
+    """A count per split."""
+
+    train: int
+    val: int
+
+
+class ShardEntry(TypedDict):
+    """One shard as the manifest lists it."""
+
+    name: str  # NNNNN.tokens, in its split's folder
+    tokens: int
+    documents: int
+    sha256: str  # the shard header's checksum, hex
+
+
+class Manifest(TypedDict):
+    """``manifest.json``: what :func:`convert_folder` writes; :func:`read_manifest` checks what a reader needs."""
+
+    format: str
+    version: int
+    tokenizer: str
+    vocab_size: int
+    dtype: NotRequired[str]
+    eod_token: NotRequired[int | None]
+    split: NotRequired[dict[str, object]]  # how the documents were split (method, seed, val_fraction, disjoint)
+    source: NotRequired[dict[str, object]]  # the converted folder, its document count, bytes and names' SHA-256
+    shards: dict[str, list[ShardEntry]]  # split -> its shards, in order
+
+
+class TokenFolderFacts(TypedDict):
+    """:meth:`TokenFolder.describe`: the run header's dataset facts of a converted folder."""
+
+    name: str
+    source: str
+    format: str
+    tokenizer: str
+    vocab_size: int
+    eod_token: int | None
+    documents: SplitCounts
+    tokens: SplitCounts
+    shards: SplitCounts
+    split: dict[str, object]
+    fingerprint: str
+
+
 @dataclass
 class TokenFolder:
     """A converted folder: its manifest and the memory-mapped shards of each split."""
 
     root: Path
-    manifest: dict[str, Any]
+    manifest: Manifest
     train: ShardSet
     val: ShardSet
 
@@ -475,7 +521,7 @@ class TokenFolder:
     def vocab_size(self) -> int:
         return int(self.manifest["vocab_size"])
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> TokenFolderFacts:
         """The facts a ledger records about the data (the manifest's SHA-256 identifies it exactly)."""
         return {
             "name": "token_shards",
@@ -492,13 +538,13 @@ class TokenFolder:
         }
 
 
-def manifest_digest(manifest: dict[str, Any]) -> str:
+def manifest_digest(manifest: Manifest) -> str:
     """SHA-256 of the manifest's shard list and vocabulary: names, counts and checksums identify the data."""
     core = {key: manifest.get(key) for key in ("format", "version", "tokenizer", "vocab_size", "eod_token", "shards")}
     return hashlib.sha256(json.dumps(core, sort_keys=True).encode()).hexdigest()
 
 
-def _int_field(where: Path, entry: dict[str, Any], key: str, low: int, high: int) -> int:
+def _int_field(where: Path, entry: Mapping[str, object], key: str, low: int, high: int) -> int:
     value = entry.get(key)
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise AiperfError(
@@ -507,7 +553,7 @@ def _int_field(where: Path, entry: dict[str, Any], key: str, low: int, high: int
     return value
 
 
-def read_manifest(root: Path) -> dict[str, Any]:
+def read_manifest(root: Path) -> Manifest:
     """``root/manifest.json`` after its size, type and cap checks."""
     path = root / MANIFEST
     try:
@@ -556,7 +602,7 @@ def read_manifest(root: Path) -> dict[str, Any]:
                 raise AiperfError(
                     f"token shards: {path}: shards.{split}: {entry['name']} has no sha256 (64 hex digits)"
                 )
-    return manifest
+    return cast(Manifest, manifest)  # its shape checked above
 
 
 def open_token_folder(root: str | Path, verify: bool = True) -> TokenFolder:
@@ -668,13 +714,13 @@ def read_text_document(path: Path, expected: int) -> bytes:
 
 def _write_split(
     out: Path, split: str, docs: list[tuple[str, Path, int]], shard_tokens: int
-) -> tuple[list[dict[str, Any]], str]:
+) -> tuple[list[ShardEntry], str]:
     folder = out / split
     try:
         folder.mkdir(parents=True, exist_ok=False)
     except OSError as exc:
         raise os_error(exc, folder, "create") from None
-    entries: list[dict[str, Any]] = []
+    entries: list[ShardEntry] = []
     names = hashlib.sha256()
     pending: list[bytes] = []
     pending_tokens = 0
@@ -701,9 +747,7 @@ def _write_split(
     return entries, names.hexdigest()
 
 
-def convert_folder(
-    src: str | Path, out: str | Path, val_fraction: float, shard_tokens: int, seed: int = 0
-) -> dict[str, Any]:
+def convert_folder(src: str | Path, out: str | Path, val_fraction: float, shard_tokens: int, seed: int = 0) -> Manifest:
     """Byte-tokenize every text file under ``src`` (one document each) into ``out``; the manifest."""
     src, out = Path(src), Path(out)
     if isinstance(shard_tokens, bool) or not isinstance(shard_tokens, int) or not 1 <= shard_tokens <= MAX_SHARD_TOKENS:
@@ -720,7 +764,7 @@ def convert_folder(
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise os_error(exc, out, "create") from None
-    shards: dict[str, list[dict[str, Any]]] = {}
+    shards: dict[str, list[ShardEntry]] = {}
     digest = hashlib.sha256()
     try:
         for split, index in (("train", train), ("val", val)):
@@ -734,7 +778,7 @@ def convert_folder(
             with contextlib.suppress(OSError):
                 out.rmdir()
         raise
-    manifest: dict[str, Any] = {
+    manifest: Manifest = {
         "format": FORMAT,
         "version": VERSION,
         "tokenizer": BYTE_TOKENIZER,
@@ -779,7 +823,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _say(line: str, stream: Any) -> None:
+def _say(line: str, stream: TextIO) -> None:
     with contextlib.suppress(OSError, ValueError, AttributeError):
         print(_printable(line)[:2000], file=stream, flush=True)
 

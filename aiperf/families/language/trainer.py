@@ -66,7 +66,10 @@ from nas.language.flops import transformer_flops
 from nas.language.spec import TransformerSpec, Weights, check_weights, init_weights
 
 if TYPE_CHECKING:
-    from aiperf.families.language.token_shards import TokenFolder
+    from keras import KerasTensor, Model
+    from keras.optimizers import Optimizer
+
+    from aiperf.families.language.token_shards import TokenFolder, TokenFolderFacts
 
 PRECISIONS = ("float32", "mixed_bfloat16")
 HPARAMS = ("learning_rate", "warmup_fraction", "weight_decay", "batch_size", "seq_len", "epochs")
@@ -137,7 +140,7 @@ class ShardWindows:
     def val_windows(self, seq_len: int, max_windows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         return self.folder.val.fixed_windows(seq_len, max_windows)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> TokenFolderFacts:
         return self.folder.describe()
 
 
@@ -160,7 +163,7 @@ class EpochLM:
     steps: int = 0
     learning_rate: float = 0.0  # the rate of the epoch's last update
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, int | float]:
         return asdict(self)
 
 
@@ -213,7 +216,7 @@ class LMTrialResult:
     def eval_flops(self) -> float:
         return self.initial_eval_flops + sum(e.eval_flops for e in self.epochs)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """JSON-ready, without the weights."""
         return {
             "spec": self.spec.to_dict(),
@@ -320,7 +323,7 @@ class LMPlan:
 
 def check_lm_trial(
     spec: TransformerSpec,
-    hparams: Mapping[str, Any],
+    hparams: Mapping[str, object],
     *,
     epochs: int | None,
     steps_per_epoch: int,
@@ -445,7 +448,7 @@ def warmup_cosine_schedule(keras: Any) -> type:  # keras: the module (see runtim
         def __init__(self, peak: float, warmup: int, total: int, alpha: float = COSINE_ALPHA) -> None:
             self.peak, self.warmup, self.total, self.alpha = float(peak), int(warmup), int(total), float(alpha)
 
-        def __call__(self, step: Any) -> Any:
+        def __call__(self, step: KerasTensor) -> KerasTensor:
             step = ops.cast(step, "float32")
             warm = self.peak * (step + 1.0) / float(max(1, self.warmup))
             span = float(max(1, self.total - self.warmup - 1))
@@ -453,13 +456,13 @@ def warmup_cosine_schedule(keras: Any) -> type:  # keras: the module (see runtim
             cosine = self.peak * (self.alpha + (1.0 - self.alpha) * 0.5 * (1.0 + ops.cos(math.pi * progress)))
             return ops.where(step < float(self.warmup), warm, cosine)
 
-        def get_config(self) -> dict[str, Any]:
+        def get_config(self) -> dict[str, float]:
             return {"peak": self.peak, "warmup": self.warmup, "total": self.total, "alpha": self.alpha}
 
     return WarmupCosine
 
 
-def make_optimizer(plan: LMPlan) -> Any:
+def make_optimizer(plan: LMPlan) -> Optimizer:
     """AdamW under the trial's warm-up/cosine schedule; the RMSNorm gains are not decayed."""
     import keras
 
@@ -486,7 +489,7 @@ class _FirstStepTimer:
     device after every step (as in :mod:`aiperf.families.image.trainer`).
     """
 
-    def __init__(self, keras: Any) -> None:
+    def __init__(self, keras: Any) -> None:  # keras: the module (see runtime_hparams.trial_sgd)
         outer = self
 
         class _Callback(keras.callbacks.Callback):
@@ -498,7 +501,7 @@ class _FirstStepTimer:
         self.callback = _Callback()
 
 
-def _evaluate(model: Any, x: np.ndarray, y: np.ndarray, batch: int) -> float:
+def _evaluate(model: Model, x: np.ndarray, y: np.ndarray, batch: int) -> float:
     """Mean next-token cross-entropy (nats per token) over the windows."""
     value = model.evaluate(x, y, batch_size=batch, verbose=0, return_dict=True)["loss"]
     loss = float(value)
@@ -507,7 +510,7 @@ def _evaluate(model: Any, x: np.ndarray, y: np.ndarray, batch: int) -> float:
     return loss
 
 
-def compiled_lm(spec: TransformerSpec, plan: LMPlan, jit_compile: bool | str, weights: Weights | None = None) -> Any:
+def compiled_lm(spec: TransformerSpec, plan: LMPlan, jit_compile: bool | str, weights: Weights | None = None) -> Model:
     """``spec``'s Keras model compiled for ``plan`` (its AdamW and schedule), its optimizer built (not stepped)."""
     import keras
 
@@ -539,7 +542,7 @@ class LMTraining:
     def __init__(
         self,
         spec: TransformerSpec,
-        hparams: Mapping[str, Any],
+        hparams: Mapping[str, object],
         data: LMData,
         *,
         weights: Mapping[str, np.ndarray] | None = None,
@@ -550,7 +553,7 @@ class LMTraining:
         seed: int,
         jit_compile: bool | str = "auto",
         start_epoch: int = 0,
-        model: Any | None = None,
+        model: Model | None = None,
     ) -> None:
         t0 = time.perf_counter()
         plan = check_lm_trial(
@@ -675,7 +678,7 @@ class LMTraining:
 
 def train_lm_trial(
     spec: TransformerSpec,
-    hparams: Mapping[str, Any],
+    hparams: Mapping[str, object],
     data: LMData,
     *,
     weights: Mapping[str, np.ndarray] | None = None,
