@@ -15,17 +15,19 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import cast
 
+from aiperf.ledger.json_types import JSONObject
 from aiperf.ledger.schema import AuditRecord, Record, RecordType
 
 AUDIT_NAME = "audit.json"
 MAX_AUDIT_BYTES = 16 * 2**20  # an audit of every trial of a 12-hour run lists a few thousand checks
 
 
-def audited_end(raw: list[dict[str, Any]]) -> tuple[int, Any]:
+def audited_end(raw: Sequence[Mapping[str, object]]) -> tuple[int, object]:
     """The run records' count and the last one's hash: what an audit audits (earlier audits excluded)."""
     ran = [r for r in raw if r.get("type") != RecordType.AUDIT]
     return len(ran), (ran[-1].get("hash") if ran else None)
@@ -46,7 +48,9 @@ def write_bound_audit(run_dir: str | Path, payload: bytes, audited_hash: str, ok
         write_atomic(run_dir / AUDIT_NAME, payload)
         last = read_raw_ledger(run_dir)[-1]
         # t continues the master's clock as wall does, so verify's clock check holds for the appended record
-        offset = float(last.get("t", 0.0)) + max(0.0, time.time() - float(last.get("wall", time.time())))
+        # (the ledger verified before an audit binds to it: both are numbers, as their models hold)
+        t, wall = cast(float, last.get("t", 0.0)), cast(float, last.get("wall", time.time()))
+        offset = float(t) + max(0.0, time.time() - float(wall))
         with LedgerWriter(run_dir, clock_offset=offset) as ledger:
             digest = hashlib.sha256(payload).hexdigest()
             ledger.append(AuditRecord(audited_hash=audited_hash, result_sha256=digest, ok=ok))
@@ -56,7 +60,7 @@ def write_bound_audit(run_dir: str | Path, payload: bytes, audited_hash: str, ok
 class BoundAudit:
     """``audit.json`` as read, and whether the ledger vouches for it (``bound``; ``why`` when not)."""
 
-    data: dict[str, Any]
+    data: JSONObject
     bound: bool
     why: str = ""
 
@@ -65,13 +69,13 @@ class BoundAudit:
         return self.bound and self.data.get("ok") is True
 
 
-def read_audit(run_dir: str | Path) -> dict[str, Any] | None:
+def read_audit(run_dir: str | Path) -> JSONObject | None:
     """``audit.json`` of a run, or None when there is none (or it is unreadable): not yet vouched for."""
     found = read_audit_bytes(run_dir)
     return found[0] if found is not None else None
 
 
-def read_audit_bytes(run_dir: str | Path) -> tuple[dict[str, Any], bytes] | None:
+def read_audit_bytes(run_dir: str | Path) -> tuple[JSONObject, bytes] | None:
     """``audit.json`` of a run and its bytes, or None when there is none (or it is unreadable)."""
     from aiperf.ledger.files import read_regular
 

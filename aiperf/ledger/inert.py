@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import unicodedata
 from collections.abc import Mapping
-from typing import Any, TypeVar, cast
+from typing import TypeVar, cast
 
 HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 _SHORT = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
@@ -67,7 +67,7 @@ def inert_tree(value: T) -> T:
     return cast(T, _inert_any(value))
 
 
-def _inert_any(value: Any) -> Any:
+def _inert_any(value: object) -> object:
     if isinstance(value, str):
         return inert(value)
     if isinstance(value, Mapping):

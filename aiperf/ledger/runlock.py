@@ -32,7 +32,6 @@ import sys
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from aiperf.errors import AiperfError, excerpt, os_error
 
@@ -83,7 +82,7 @@ class Holder:
         return True
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     return value if isinstance(value, str) and value.isprintable() and len(value) <= 200 else excerpt(value)
 
 

@@ -25,15 +25,16 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import Annotated, Any, Literal, TypeVar, cast
+from typing import Annotated, Any, Literal, TypeVar, cast, overload
 
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError
 from pydantic_core import PydanticCustomError
 
 from aiperf.errors import AiperfError, excerpt
+from aiperf.ledger.json_types import JSONObject
 from nas.graph import NodeDoc
 
 MAX_COUNT = 2**53  # integers beyond this lose precision as floats; no real count comes near
@@ -55,7 +56,7 @@ def _number(lowest: float, highest: float) -> PlainValidator:
     # Bounds show as pydantic shows them (an integral float as an integer), so messages are as before.
     shown_low, shown_high = (int(b) if float(b).is_integer() else b for b in (lowest, highest))
 
-    def check(value: Any) -> int | float:
+    def check(value: object) -> int | float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise PydanticCustomError("float_type", "Input should be a valid number")
         if isinstance(value, float) and not math.isfinite(value):
@@ -122,8 +123,16 @@ class RunStatus(enum.StrEnum):
 _PLAIN = frozenset((str, int, bool, type(None)))  # leaves JSON holds as they are: most of a graph's fields
 
 
-def json_safe(value: Any) -> Any:
-    """A value as JSON can hold it: NaN/inf become None, tuples lists, NumPy scalars Python numbers."""
+@overload
+def json_safe(value: dict[str, object]) -> dict[str, object]: ...
+@overload
+def json_safe(value: object) -> object: ...
+def json_safe(value: object) -> object:
+    """A value as JSON can hold it: NaN/inf become None, tuples lists, NumPy scalars Python numbers.
+
+    Anything else (a string, a graph's node documents) is returned as it is: an object stays an
+    object, which is all the record models need to know (pydantic checks the rest).
+    """
     if type(value) in _PLAIN:  # first: the most common leaves
         return value
     if type(value) is NodeDoc:  # a graph's nodes, safe by construction: every trial's record carries its graph
@@ -143,7 +152,7 @@ class _Shape(BaseModel):
     # strict: no "1" -> 1 or True -> 1; allow: unknown fields are fine (newer writers add some).
     model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
 
-    def __init__(self, **fields: Any) -> None:
+    def __init__(self, **fields: object) -> None:
         # What a writer hands over may hold NumPy scalars or a NaN loss: stored as JSON has them.
         super().__init__(**json_safe(fields))
 
@@ -167,11 +176,11 @@ class Record(_Shape):
     prev: str = ""
     hash: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         """The record as its JSON object: exactly the fields it was written or read with."""
         return self.model_dump(exclude_unset=True)
 
-    def extra(self, name: str, default: Any = None) -> Any:
+    def extra(self, name: str, default: object = None) -> object:
         """A field no model declares (one a newer writer added), or ``default``."""
         return (self.model_extra or {}).get(name, default)
 
@@ -644,14 +653,14 @@ SHAPES: dict[str, type[Record]] = {
 SHAPES_TYPE: dict[str, RecordType] = {t.value: t for t in RecordType}
 
 
-def _where(record: dict[str, Any], index: int) -> str:
+def _where(record: Mapping[str, object], index: int) -> str:
     seq, rtype = record.get("seq"), record.get("type")
     seq_text = str(seq) if isinstance(seq, int) and not isinstance(seq, bool) and 0 <= seq < 10**12 else excerpt(seq)
     kind = rtype if isinstance(rtype, str) and rtype.isidentifier() and len(rtype) <= 20 else excerpt(rtype)
     return f"record {index + 1} (seq {seq_text}, {kind})"
 
 
-def _field(loc: tuple[Any, ...]) -> str:
+def _field(loc: tuple[int | str, ...]) -> str:
     return ".".join(str(p) if isinstance(p, int) or (isinstance(p, str) and len(p) <= 40) else excerpt(p) for p in loc)
 
 
@@ -804,7 +813,7 @@ _NESTED_RULES: dict[str, dict[str, tuple[type[_Shape], dict[str, _Rule]]]] = {
     },
 }
 _TRIAL_STATUSES: dict[str, TrialStatus] = {s.value: s for s in TrialStatus}
-_ENUMS: dict[str, dict[str, Any]] = {"status": _TRIAL_STATUSES}
+_ENUMS: dict[str, Mapping[str, enum.StrEnum]] = {"status": _TRIAL_STATUSES}
 
 
 class _Plan:
@@ -816,7 +825,7 @@ class _Plan:
         fields = shape.model_fields
         by_range: dict[tuple[float, float], list[str]] = {}
         self.items: list[tuple[str, type]] = []
-        self.enums: list[tuple[str, dict[str, Any]]] = []
+        self.enums: list[tuple[str, Mapping[str, enum.StrEnum]]] = []
         self.nested: list[tuple[str, type[_Shape], dict[str, _Rule]]] = []
         nested = {name: spec for spec_of in _NESTED_RULES.values() for name, spec in spec_of.items()}
         for name, kind in zip(keys, types, strict=True):
@@ -851,8 +860,12 @@ class _Plan:
         self.mutable = [name for name in defaults[1] if name not in keys]
         self.extra = [name for name in keys if name not in fields]  # kept, unchecked, as pydantic keeps them
 
-    def build(self, record: dict[str, Any]) -> Any:
-        """The model of ``record`` if its values pass, else None."""
+    def build(self, record: Mapping[str, Any]) -> _Shape | None:
+        """The model of ``record`` if its values pass, else None.
+
+        ``record`` has this plan's layout, so each value is of the JSON type the plan was made for: the
+        code below relies on that (a list iterated, a string looked up), which a static type cannot say.
+        """
         for getter, single, low, high in self.ranges:
             if single:
                 value = getter(record)
@@ -897,14 +910,16 @@ class _NoPlan(Exception):
     """A layout the fast path leaves to pydantic."""
 
 
-_DEFAULTS: dict[type[_Shape], tuple[dict[str, Any], dict[str, Any]]] = {}  # shape -> (immutable, mutable) defaults
+_DEFAULTS: dict[
+    type[_Shape], tuple[dict[str, object], dict[str, object]]
+] = {}  # shape -> (immutable, mutable) defaults
 
 
-def _defaults(shape: type[_Shape]) -> tuple[dict[str, Any], dict[str, Any]]:
+def _defaults(shape: type[_Shape]) -> tuple[dict[str, object], dict[str, object]]:
     found = _DEFAULTS.get(shape)
     if found is None:
-        fixed: dict[str, Any] = {}
-        mutable: dict[str, Any] = {}
+        fixed: dict[str, object] = {}
+        mutable: dict[str, object] = {}
         for name, field in shape.model_fields.items():
             if not field.is_required():
                 default = field.get_default(call_default_factory=True)
@@ -913,11 +928,11 @@ def _defaults(shape: type[_Shape]) -> tuple[dict[str, Any], dict[str, Any]]:
     return found
 
 
-_PLANS: dict[tuple[Any, ...], _Plan | None] = {}
+_PLANS: dict[tuple[type[_Shape], tuple[str, ...], tuple[type, ...]], _Plan | None] = {}
 MAX_PLANS = 4096  # layouts remembered; a ledger has a handful per record type
 
 
-def _fast_build(shape: type[_Shape], rules: dict[str, _Rule], record: dict[str, Any]) -> Any:
+def _fast_build(shape: type[_Shape], rules: dict[str, _Rule], record: Mapping[str, object]) -> _Shape | None:
     key = (shape, tuple(record), tuple(map(type, record.values())))
     try:
         plan = _PLANS[key]
@@ -932,7 +947,7 @@ def _fast_build(shape: type[_Shape], rules: dict[str, _Rule], record: dict[str, 
     return None if plan is None else plan.build(record)
 
 
-def _fast(rtype: str, record: dict[str, Any]) -> Record | None:
+def _fast(rtype: str, record: Mapping[str, object]) -> Record | None:
     rules = _FAST_RULES_ALL.get(rtype)
     if rules is None:
         return None
@@ -944,7 +959,7 @@ _FAST_RULES_ALL: dict[str, dict[str, _Rule]] = {
 }
 
 
-def _parse(record: dict[str, Any], index: int) -> Record | str:
+def _parse(record: Mapping[str, object], index: int) -> Record | str:
     """The record as its model, or what is wrong with it (one line)."""
     missing = next((name for name in HEADER if name not in record), None)
     if missing is not None:
@@ -963,12 +978,12 @@ def _parse(record: dict[str, Any], index: int) -> Record | str:
         return f"{_where(record, index)}: {_field(err['loc'])}: {err['msg'].lower()} ({got})"
 
 
-def checked_record(record: dict[str, Any], index: int = 0) -> Record | str:
+def checked_record(record: Mapping[str, object], index: int = 0) -> Record | str:
     """One ledger JSON object as its typed record, or what is wrong with its shape (one line)."""
     return _parse(record, index)
 
 
-def parse_record(record: dict[str, Any], index: int = 0, source: Any = "the ledger") -> Record:
+def parse_record(record: Mapping[str, object], index: int = 0, source: object = "the ledger") -> Record:
     """One ledger JSON object as its typed record; :class:`AiperfError` names what is wrong with it."""
     result = _parse(record, index)
     if isinstance(result, str):
@@ -976,13 +991,13 @@ def parse_record(record: dict[str, Any], index: int = 0, source: Any = "the ledg
     return result
 
 
-def record_problem(record: dict[str, Any], index: int = 0) -> str | None:
+def record_problem(record: Mapping[str, object], index: int = 0) -> str | None:
     """What is wrong with one record's shape (one line), or None."""
     parsed = _parse(record, index)
     return parsed if isinstance(parsed, str) else None
 
 
-def shape_problems(records: list[dict[str, Any]], limit: int = 10) -> list[str]:
+def shape_problems(records: Sequence[Mapping[str, object]], limit: int = 10) -> list[str]:
     """Up to ``limit`` shape problems, in file order (``verify`` lists them)."""
     problems = []
     if records and records[0].get("type") != RecordType.RUN_START:
@@ -996,7 +1011,7 @@ def shape_problems(records: list[dict[str, Any]], limit: int = 10) -> list[str]:
     return problems
 
 
-def parse_records(records: list[dict[str, Any]], source: Any = "the ledger") -> list[Record]:
+def parse_records(records: Sequence[Mapping[str, object]], source: object = "the ledger") -> list[Record]:
     """A ledger's JSON objects as typed records; :class:`AiperfError` names the first malformed one."""
     if not records:
         raise AiperfError(f"{source}: the ledger has no complete record")

@@ -31,13 +31,14 @@ import math
 import os
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import NoReturn, cast
 
 from aiperf.errors import AiperfError, os_error
 from aiperf.ledger.files import LineTooLong, bounded_lines, open_regular
+from aiperf.ledger.json_types import JSONObject, JSONValue
 from aiperf.ledger.schema import HEADER, Record, RecordT, RecordType, parse_record, parse_records
 
 logger = logging.getLogger(__name__)
@@ -54,12 +55,12 @@ class LedgerWriteError(AiperfError):
     """The ledger could not be written; what was recorded before is intact and resumable."""
 
 
-def canonical(record: dict[str, Any]) -> bytes:
+def canonical(record: Mapping[str, object]) -> bytes:
     """The exact bytes that are hashed: sorted keys, no whitespace, no NaN."""
     return json.dumps(record, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
 
-def record_hash(record: dict[str, Any]) -> str:
+def record_hash(record: Mapping[str, object]) -> str:
     body = {k: v for k, v in record.items() if k != "hash"}
     return hashlib.sha256(canonical(body)).hexdigest()
 
@@ -67,7 +68,7 @@ def record_hash(record: dict[str, Any]) -> str:
 _encode = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False).encode
 
 
-def hashed_line(body: dict[str, Any]) -> tuple[str, bytes]:
+def hashed_line(body: Mapping[str, object]) -> tuple[str, bytes]:
     """``record_hash(body)`` and ``canonical(body + its hash)``, with every field encoded once.
 
     The writer used to encode each record twice, once to hash it and once to write it: at
@@ -95,8 +96,10 @@ class LedgerWriter:
             if self.path.exists():
                 last = last_record(self.path, repair=True)  # one record in memory, not the whole ledger
                 if last is not None:
-                    self._seq = last["seq"] + 1
-                    self._prev = last["hash"]
+                    # Whoever reopens a ledger has read it through first (``--resume``, ``aiperf audit``):
+                    # its records, the last one's seq and hash included, are of their model's shape.
+                    self._seq = cast(int, last["seq"]) + 1
+                    self._prev = cast(str, last["hash"])
             # Unbuffered: each record goes to the OS in whole-line writes we can account for.
             self._fh = open(self.path, "ab", buffering=0)  # noqa: SIM115 - held open for the run's lifetime
             self._size = os.fstat(self._fh.fileno()).st_size  # end of the last complete record
@@ -248,7 +251,7 @@ class LedgerWriter:
 class LedgerContents:
     """The complete records of a ledger file, and what a crash left after them."""
 
-    records: list[dict[str, Any]]
+    records: list[JSONObject]
     end: int  # byte offset just after the last complete record
     size: int  # the file's size
     torn_bytes: int  # bytes after the last record that are not one (a write cut short), 0 if none
@@ -258,7 +261,7 @@ class LedgerContents:
         return _torn_note(path, self.torn_bytes, self.records[-1] if self.records else None)
 
 
-def _torn_note(path: str | Path, torn_bytes: int, last: dict[str, Any] | None) -> str | None:
+def _torn_note(path: str | Path, torn_bytes: int, last: JSONObject | None) -> str | None:
     if not torn_bytes:
         return None
     after = f"after seq {last.get('seq')}" if last is not None else "before any record"
@@ -267,7 +270,7 @@ def _torn_note(path: str | Path, torn_bytes: int, last: dict[str, Any] | None) -
     )
 
 
-def _reject_constant(name: str) -> Any:
+def _reject_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not allowed in a ledger")
 
 
@@ -286,7 +289,7 @@ _DIGITS_TO_NUL = bytes.maketrans(b"0123456789", bytes(10))
 _LONG_NUMBER = bytes(19)
 
 
-def parse_line(line: bytes) -> Any:
+def parse_line(line: bytes) -> JSONValue:
     """One ledger line as JSON, exactly as ``json.loads`` reads it; ``NaN`` and ``Infinity`` are refused.
 
     Raises ``ValueError`` for anything that is not JSON (``RecursionError`` for nesting deep
@@ -300,7 +303,7 @@ def parse_line(line: bytes) -> Any:
     return json.loads(line, parse_constant=_reject_constant)
 
 
-def sorted_json(value: Any) -> bytes:
+def sorted_json(value: object) -> bytes:
     """``value`` as compact JSON with sorted keys: a key to tell documents apart by content (not for hashing)."""
     if _orjson is not None:
         try:
@@ -388,14 +391,14 @@ class LedgerStream:
         self.size = 0  # bytes read so far: the file's size once the iteration ends
         self.torn_bytes = 0
         self.count = 0
-        self.last: dict[str, Any] | None = None
+        self.last: JSONObject | None = None
         self.last_number = 0  # the line number of the latest record
 
     def torn_note(self, path: str | Path | None = None) -> str | None:
         """One line saying what a reader dropped, or None when the file ends cleanly."""
         return _torn_note(self.path if path is None else path, self.torn_bytes, self.last)
 
-    def __iter__(self) -> Iterator[tuple[bytes, dict[str, Any]]]:
+    def __iter__(self) -> Iterator[tuple[bytes, JSONObject]]:
         path = self.path
         try:
             fh = open_regular(path)
@@ -463,7 +466,7 @@ def cut_torn_tail(stream: LedgerStream) -> None:
         _repair(stream.path, stream.end)
 
 
-def last_record(path: str | Path, repair: bool = False) -> dict[str, Any] | None:
+def last_record(path: str | Path, repair: bool = False) -> JSONObject | None:
     """The ledger's last complete record (None for an empty one), every line checked on the way, in bounded memory.
 
     With ``repair`` a torn tail is cut off, as :func:`read_raw_ledger` does.
@@ -476,7 +479,7 @@ def last_record(path: str | Path, repair: bool = False) -> dict[str, Any] | None
     return stream.last
 
 
-def read_raw_ledger(path: str | Path, repair: bool = False) -> list[dict[str, Any]]:
+def read_raw_ledger(path: str | Path, repair: bool = False) -> list[JSONObject]:
     """All complete records as JSON objects (``verify`` checks their hashes and shapes itself).
 
     With ``repair`` a torn tail is cut off so appends continue cleanly. Only the run's

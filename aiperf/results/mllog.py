@@ -29,15 +29,16 @@ and was then resumed is logged as ``aiperf_session_stop``: only the run's last e
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, BinaryIO, TypeVar
+from typing import BinaryIO, TypeVar
 
 import numpy as np
 from mlperf_logging.mllog import constants as mlc
 
+from aiperf.ledger.json_types import JSONObject
 from aiperf.ledger.schema import (
     EpochRecord,
     PlanHeader,
@@ -63,14 +64,14 @@ BENCHMARK = "aiperf"
 # on the submitter's own machines ("onprem"); the organisation is ``run.organization``.
 DIVISION, STATUS, ORG = "open", "onprem", "unspecified"
 CHECKER_USAGE, CHECKER_RULESET = "hpc", "3.0.0"
-Event = tuple[str, str, Any, dict[str, Any]]  # (event_type, key, value, metadata)
+Event = tuple[str, str, object, dict[str, object]]  # (event_type, key, value, metadata): what JSON encodes
 # The caller MLLogger wrote into every line when aiperf called it (this file, the line of that
 # call): kept, so the log of an earlier run rebuilt from its ledger (``attach`` on --resume) is the
 # mllog.txt that run wrote.
 CALLER = {"file": "aiperf/results/mllog.py", "lineno": 122}
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> object:
     """NumPy scalars and arrays as MLLogger's encoder writes them."""
     if isinstance(value, np.integer):
         return int(value)
@@ -81,7 +82,7 @@ def _plain(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 
-def encode_line(event_type: str, key: str, value: Any, metadata: dict[str, Any], time_ms: int) -> str:
+def encode_line(event_type: str, key: str, value: object, metadata: Mapping[str, object], time_ms: int) -> str:
     """One log line, byte for byte what MLLogger writes for it from aiperf's call (namespace "")."""
     event = {
         "namespace": "",
@@ -94,7 +95,7 @@ def encode_line(event_type: str, key: str, value: Any, metadata: dict[str, Any],
     return PREFIX + json.dumps(event, default=_plain)
 
 
-def parse(line: str) -> dict[str, Any] | None:
+def parse(line: str) -> JSONObject | None:
     """The JSON of an ``:::MLLOG`` line, or None for any other line."""
     if not line.startswith(PREFIX):
         return None
@@ -114,7 +115,7 @@ class MLLogRenderer:
             count_trials=False
         )  # the epochs, for the final score (not the records: a long run has millions)
         self.min_accuracy: float | None = None
-        self.comparable: dict[str, Any] = {}
+        self.comparable: dict[str, object] = {}
         self.language = False  # a language run (run_start.family): its samples are tokens
         self.tokens = 0  # a language run's training tokens of the counted epochs
         self._handlers = self._table()
@@ -128,7 +129,8 @@ class MLLogRenderer:
         ms = int(rec.wall * 1000)
         lines = []
         for kind, key, value, meta in events:
-            at = ms - round(1000 * meta.pop("before_s")) if "before_s" in meta else ms
+            before = meta.pop("before_s", None)  # only an epoch's evaluation has one: its eval_s
+            at = ms - round(1000 * before) if isinstance(before, (int, float)) else ms
             try:
                 lines.append(encode_line(kind, key, value, {**meta, "seq": rec.seq}, at))
             except (TypeError, ValueError):  # as MLLogger does: a value JSON cannot hold makes no line
@@ -190,7 +192,7 @@ class MLLogRenderer:
         self.trials[rec.trial] = _TrialState(epochs=rec.hparams.epochs or epoch, open=epoch, attempt=rec.attempt)
         return [(INTERVAL_START, "epoch_start", None, self._meta(rec.trial, epoch, kind=rec.kind, worker=rec.worker))]
 
-    def _meta(self, trial: str, epoch: int, **extra: Any) -> dict[str, Any]:
+    def _meta(self, trial: str, epoch: int, **extra: object) -> dict[str, object]:
         return {"trial": trial, "epoch_num": epoch, "attempt": self.trials[trial].attempt, **extra}
 
     def _epoch(self, rec: EpochRecord) -> list[Event]:
@@ -217,7 +219,7 @@ class MLLogRenderer:
             out.append((INTERVAL_START, "epoch_start", None, self._meta(trial, epoch + 1)))
         return out
 
-    def _tokens(self, wall_s: float) -> dict[str, Any]:
+    def _tokens(self, wall_s: float) -> dict[str, int | float]:
         """A language run's tokens trained and their rate over the score's duration (an image run: none)."""
         if not self.language:
             return {}
@@ -311,7 +313,7 @@ class _TrialState:
     attempt: int
 
 
-def encode(time_ms: int, event_type: str, key: str, value: Any, metadata: dict[str, Any]) -> str:
+def encode(time_ms: int, event_type: str, key: str, value: object, metadata: Mapping[str, object]) -> str:
     """One log line in MLPerf's field order (without the logger's call site: for tools and tests)."""
     body = {"namespace": "", "time_ms": time_ms, "event_type": event_type, "key": key, "value": value,
             "metadata": metadata}  # fmt: skip

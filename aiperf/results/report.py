@@ -176,7 +176,7 @@ def _verdict_class(verdict: VerdictDict) -> str:
     return "valid" if verdict["official"] else "unofficial"
 
 
-def _steadiness_card(steady: dict[str, Any] | None) -> tuple[str, str, str, str]:
+def _steadiness_card(steady: Mapping[str, float] | None) -> tuple[str, str, str, str]:
     """The run's own spread: the steady part's OPS with its 95 % interval (summaries before it: none)."""
     if not steady:
         return ("", "steady OPS", "-", "too few epochs to tell")
@@ -642,8 +642,11 @@ def _audit_section(run_dir: str | Path, records: list[Record]) -> str:
     if audit is None:
         return ""
     data = audit.data
-    try:
-        when = datetime.fromtimestamp(float(data.get("audited_at", 0)), UTC).strftime("%Y-%m-%d %H:%M UTC")
+    at = data.get("audited_at", 0)
+    try:  # a number (or text of one) as aiperf audit wrote it; anything else (null, a list) is unknown
+        if not isinstance(at, (int, float, str)):
+            raise TypeError(at)
+        when = datetime.fromtimestamp(float(at), UTC).strftime("%Y-%m-%d %H:%M UTC")
     except (TypeError, ValueError, OverflowError, OSError):
         when = "?"
     ledger, options = data.get("ledger"), data.get("options")  # audit.json may come from anyone: types checked

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from array import array
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, NotRequired, TypedDict
@@ -49,6 +49,7 @@ from aiperf.results.efficiency import NodeEpochs, efficiency_of, format_efficien
 from aiperf.results.size_pace import SizePace, format_size_pace
 from aiperf.sampling.energy import (
     EnergySummary,
+    TelemetrySample,
     TrialSpan,
     energy_by_trial,
     format_energy,
@@ -406,7 +407,7 @@ class RunDigest:
         end = self.last_run if isinstance(self.last_run, RunStopRecord) else None  # the recorded end
         return replace(self.tally.score(end), trials_completed=self.completed, trials_started=self.started)
 
-    def _best_trial(self) -> dict[str, Any] | None:
+    def _best_trial(self) -> dict[str, object] | None:
         best = self.best_epoch
         if best is None:
             return None
@@ -419,7 +420,7 @@ class RunDigest:
         if info is None:
             raise AiperfError(f"the ledger's best epoch (seq {best.seq}) belongs to a trial that never started")
         arch_id, params, kind, lineage, train_per_example = info
-        out = {
+        out: dict[str, object] = {
             "trial": best.trial,
             "epoch": best.epoch,
             "val_acc": best.val_acc,
@@ -675,7 +676,7 @@ def build_summary(
 
 
 def energy_section(
-    summary: dict[str, Any], samples: list[dict[str, Any]], records: list[Record], source: object
+    summary: dict[str, Any], samples: Sequence[TelemetrySample], records: list[Record], source: object
 ) -> EnergySummary:
     """The ``energy`` section: the run's OPS per watt with its sources and methodology level, or why there is none.
 
@@ -697,7 +698,7 @@ def energy_section(
     )
 
 
-def save_summary(run_dir: str | Path, summary: dict[str, Any]) -> Path:
+def save_summary(run_dir: str | Path, summary: Mapping[str, object]) -> Path:
     """Write ``summary.json`` atomically; a write that fails is an :class:`AiperfError` (exit 1) naming it."""
     path = Path(run_dir) / SUMMARY_NAME
     try:
@@ -818,7 +819,7 @@ def format_tokens(language: LanguageSummary, wall_s: float) -> str:
     )
 
 
-def format_steadiness(steady: dict[str, Any] | None) -> str:
+def format_steadiness(steady: Mapping[str, float] | None) -> str:
     """One line: the steady part's OPS, its spread across windows and the 95 % interval of its mean."""
     if not steady:
         return "- (too few epochs to tell)"

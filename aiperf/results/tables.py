@@ -24,7 +24,7 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Generic, TypedDict, TypeVar
 
 import pandas as pd
 
@@ -41,6 +41,7 @@ from aiperf.ledger.schema import (
 from aiperf.ledger.store import LEDGER_NAME, iter_ledger
 from aiperf.metrics.score import TimelinePoint, TimelineTally
 from aiperf.results.summary import RunDigest
+from aiperf.sampling.energy import TelemetrySample
 from aiperf.sampling.telemetry import read_telemetry
 
 EPOCH_COLUMNS = [
@@ -140,7 +141,10 @@ class RunResults:
     timeline: list[TimelinePoint] = field(repr=False, default_factory=list)
 
 
-class _Sample:
+_Item = TypeVar("_Item")
+
+
+class _Sample(Generic[_Item]):
     """Every k-th item of a stream, at most ``limit`` of them: k doubles (and every other kept item goes)
     each time the kept items would pass the limit, so the sample stays evenly spread."""
 
@@ -148,9 +152,9 @@ class _Sample:
         self.limit = max(1, limit)
         self.stride = 1
         self.seen = 0
-        self.kept: list[Any] = []
+        self.kept: list[_Item] = []
 
-    def add(self, item: Any) -> None:
+    def add(self, item: _Item) -> None:
         if self.seen % self.stride == 0:
             self.kept.append(item)
             if len(self.kept) > self.limit:
@@ -159,11 +163,14 @@ class _Sample:
         self.seen += 1
 
 
-def _epoch_row(r: EpochRecord) -> tuple[Any, ...]:
+_EpochRow = tuple[object, ...]  # an epoch record's EPOCH_COLUMNS, in order
+
+
+def _epoch_row(r: EpochRecord) -> _EpochRow:
     return tuple(getattr(r, name) for name in EPOCH_COLUMNS)
 
 
-def _epochs_frame(rows: list[tuple[Any, ...]]) -> pd.DataFrame:
+def _epochs_frame(rows: list[_EpochRow]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=EPOCH_COLUMNS)
 
 
@@ -172,13 +179,49 @@ def _epochs(records: list[Record]) -> pd.DataFrame:
     return _epochs_frame([_epoch_row(r) for r in records if isinstance(r, EpochRecord)])
 
 
+class _TrialRow(TypedDict, total=False):
+    """A trial's row as it is built: TRIAL_COLUMNS (those of its end once it ended) and two keys of its own."""
+
+    trial: str
+    kind: str
+    parent: str | None
+    inherit: str | None
+    arch_id: str
+    params: int
+    flops_train_per_image: float | None
+    flops_eval_per_image: float | None
+    flops_train_per_token: float | None
+    flops_eval_per_token: float | None
+    learning_rate: float | None
+    batch_size: int | None
+    weight_decay: float | None
+    dropout: float | None
+    kernel_size: int | None
+    seq_len: int | None
+    warmup_fraction: float | None
+    epochs_planned: int | None
+    lineage: str
+    start_t: float
+    status: str
+    attempts: int
+    ops: float
+    best_bits_per_byte: float | None  # a language trial's lowest validation bits per byte
+    worker: str | None
+    node: str | None
+    end_t: float
+    epochs: int | None
+    best_val_acc: float | None
+    _best: float | None  # the best val_acc of its epochs so far (left out of the frame)
+    _order: int  # its place in start order (left out of the frame)
+
+
 class _Trials:
     """The trials frame's rows, built as the records stream by: a trial's row is final at its end."""
 
     def __init__(self, limit: int) -> None:
-        self.rows: dict[str, dict[str, Any]] = {}  # trials not yet ended, in start order
-        self.sample = _Sample(limit)
-        self.top: list[tuple[float, int, dict[str, Any]]] = []  # a min-heap of the most accurate ended trials
+        self.rows: dict[str, _TrialRow] = {}  # trials not yet ended, in start order
+        self.sample: _Sample[_TrialRow] = _Sample(limit)
+        self.top: list[tuple[float, int, _TrialRow]] = []  # a min-heap of the most accurate ended trials
         self.order = 0
         self.ended: set[str] = set()
 
@@ -217,7 +260,7 @@ class _Trials:
                 "_order": self.order,
             }
             self.order += 1
-        row.update(worker=r.worker, node=r.node, attempts=row["attempts"] + 1)
+        row.update({"worker": r.worker, "node": r.node, "attempts": row["attempts"] + 1})
 
     def epoch(self, r: EpochRecord) -> None:
         row = self.rows.get(r.trial)
@@ -234,11 +277,11 @@ class _Trials:
         row = self.rows.pop(r.trial, None)
         if row is None:
             return
-        row.update(end_t=r.t, status=r.status.value, epochs=r.epochs, best_val_acc=r.best_val_acc)
+        row.update({"end_t": r.t, "status": r.status.value, "epochs": r.epochs, "best_val_acc": r.best_val_acc})
         self.ended.add(r.trial)
         self._final(row)
 
-    def _final(self, row: dict[str, Any]) -> None:
+    def _final(self, row: _TrialRow) -> None:
         if row.get("best_val_acc") is None:  # still running when the ledger ends: its best from its epochs
             row["best_val_acc"] = row["_best"]
         self.sample.add(row)
@@ -303,7 +346,7 @@ _WORKER_COLUMNS = [
 ]
 
 
-def _worker_row(r: WorkerRecord) -> dict[str, Any]:
+def _worker_row(r: WorkerRecord) -> dict[str, object]:
     return {
         "worker": r.worker,
         "node": r.node,
@@ -357,7 +400,7 @@ class _Anchors:
         return sorted(self.by_second.values())
 
 
-def _run_share(s: dict[str, Any], previous: dict[str, Any] | None) -> float | None:
+def _run_share(s: TelemetrySample, previous: TelemetrySample | None) -> float | None:
     """The run's processes' CPU use between two samples of a node, in % of its host's CPUs (None: not measured)."""
     if previous is None:
         return None
@@ -370,7 +413,7 @@ def _run_share(s: dict[str, Any], previous: dict[str, Any] | None) -> float | No
 
 def _telemetry(run_dir: Path, anchors: list[tuple[float, float]]) -> pd.DataFrame:
     rows = []
-    last: dict[str, dict[str, Any]] = {}
+    last: dict[str, TelemetrySample] = {}
     for s in read_telemetry(run_dir):
         if "error" in s:
             continue
@@ -415,9 +458,9 @@ def load(run_dir: str | Path, max_rows: int = MAX_ROWS, digest: RunDigest | None
     """
     run_dir = Path(run_dir)
     header: RunStartRecord | None = None
-    epochs = _Sample(max_rows)
+    epochs: _Sample[_EpochRow] = _Sample(max_rows)
     trials = _Trials(max_rows)
-    workers: list[dict[str, Any]] = []
+    workers: list[dict[str, object]] = []
     timeline = TimelineTally()
     anchors = _Anchors()
     last_run: Record | None = None

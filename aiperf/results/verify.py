@@ -42,7 +42,7 @@ import hashlib
 import json
 import math
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Generic, cast
 
@@ -81,7 +81,7 @@ REL_TOL = 1e-9  # JSON round-trips floats exactly; this only absorbs summation o
 MAX_LISTED = 10
 
 
-def describe(record: Record | dict[str, object]) -> str:
+def describe(record: Record | Mapping[str, object]) -> str:
     """``seq 12 (epoch t00003 epoch 2)``: how a message points at a record.
 
     A record is named by the fields it was written with: the chain check describes raw JSON
@@ -148,7 +148,7 @@ class _Chain:
         self.pending: dict[int, tuple[int, str, object]] = {}
         self.waiting: dict[int, list[int]] = {}  # an expected seq -> the pending messages that wait for it
 
-    def add(self, rec: dict[str, object], line: bytes | None = None) -> None:
+    def add(self, rec: Mapping[str, object], line: bytes | None = None) -> None:
         index = self.index
         self.index += 1
         seq = rec.get("seq")
@@ -182,7 +182,7 @@ class _Chain:
         self.prev_hash = claimed
 
 
-def check_chain(records: list[dict[str, object]]) -> list[str]:
+def check_chain(records: Sequence[Mapping[str, object]]) -> list[str]:
     """Sequence numbers, ``prev`` links and each record's own hash, in file order.
 
     It takes the ledger's JSON objects, shapes unchecked: a record too damaged to read as its

@@ -34,16 +34,21 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from aiperf.errors import AiperfError, excerpt, first_line
 from aiperf.ledger.inert import inert
+from aiperf.ledger.json_types import JSONObject
 from aiperf.submission import layout
 from aiperf.submission.layout import PackageEntry, PackageIndex, read_package_json
 from aiperf.submission.ranking import finite_number
 from aiperf.submission.runs import RunFacts, StoredAudit
+
+if TYPE_CHECKING:
+    from aiperf.submission.system_check import NodeKindDoc
 
 MAX_CONFIG_BYTES = 64 * 1024  # as aiperf run reads a config file
 
@@ -109,7 +114,22 @@ def check_package(path: Path, *, retrain: int = 0, sample: int | None = None) ->
     return result
 
 
-def audit_options(options: dict[str, Any]) -> tuple[int, int, float]:
+class _AuditCheck(TypedDict, total=False):
+    """One check of ``audit.json``'s ``trials`` (:class:`aiperf.engine.audit.TrialCheck`), as far as it is read here."""
+
+    check: str
+    status: str
+
+
+class _AuditAgain(TypedDict, total=False):
+    """What ``check`` reads of the ``audit.json`` its own ``aiperf audit`` of a run wrote (aiperf.engine.audit)."""
+
+    notes: list[str]
+    trials: list[_AuditCheck]
+    problems: list[str]
+
+
+def audit_options(options: Mapping[str, object]) -> tuple[int, int, float]:
     """A stored audit's (sample, seed, speed factor), each within its flag's range; AiperfError naming the first
     that is not (a forged ``"sample": NaN`` or ``1e999`` once ended the check in an unexpected error)."""
     from aiperf.cli_limits import AUDIT_SAMPLE, AUDIT_SEED, SPEED_FACTOR
@@ -184,7 +204,7 @@ class _Checker:
         self.sample = sample
         self.files: dict[str, int] = {}
         self.unsafe: set[str] = set()
-        self.kinds: dict[str, list[dict[str, Any]]] = {}
+        self.kinds: dict[str, list[NodeKindDoc]] = {}
         self.mllog_config: Path | None = None
         self.run_ids: dict[str, str] = {}
         self.checked: set[str] = set()  # runs checked so far: a run listed twice is checked (and audited) once
@@ -355,7 +375,7 @@ class _Checker:
                 f"workload {entry.workload} needs {workload.ranked_runs} runs of its config (distinct seeds)",
             )
 
-    def _config(self, entry: PackageEntry) -> dict[str, Any] | None:
+    def _config(self, entry: PackageEntry) -> dict[str, object] | None:
         from aiperf.config import parse_yaml
 
         raw = self._read(entry.config, MAX_CONFIG_BYTES)
@@ -373,7 +393,7 @@ class _Checker:
 
     # --- runs ---------------------------------------------------------------------------------
 
-    def _run(self, entry: PackageEntry, run: str, path: Path, config: dict[str, Any] | None) -> RunFacts | None:
+    def _run(self, entry: PackageEntry, run: str, path: Path, config: dict[str, object] | None) -> RunFacts | None:
         from aiperf.results.verify import verify_run
         from aiperf.submission.runs import first_difference, read_run
 
@@ -482,7 +502,7 @@ class _Checker:
             p for p in (str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH")) if p
         )
         proc = run_in_session(command, env)
-        again: dict[str, Any] = {}
+        again: _AuditAgain = {}
         with contextlib.suppress(OSError, ValueError):
             again = json.loads((copy / "audit.json").read_text())
         for note in again.get("notes") or []:
@@ -547,7 +567,7 @@ def one_line(text: str, limit: int = 600) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _comparable(line: dict[str, Any] | None) -> dict[str, Any] | None:
+def _comparable(line: JSONObject | None) -> JSONObject | None:
     """An MLPerf log line without the logger's call site (``file``, ``lineno``: another aiperf version moves them)."""
     if line is None:
         return None

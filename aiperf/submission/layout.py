@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Literal, overload
 
 from aiperf.errors import AiperfError, excerpt
 
@@ -128,7 +129,7 @@ class PackageIndex:
     commit: str | None
     entries: list[PackageEntry]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
     def system_names(self) -> list[str]:
@@ -141,7 +142,15 @@ def _strings(value: object, what: str, source: str) -> list[str]:
     return list(value)
 
 
-def _string(data: dict[str, Any], key: str, source: str, *, optional: bool = False) -> Any:
+@overload
+def _string(data: Mapping[str, object], key: str, source: str, *, optional: Literal[False] = False) -> str: ...
+
+
+@overload
+def _string(data: Mapping[str, object], key: str, source: str, *, optional: Literal[True]) -> str | None: ...
+
+
+def _string(data: Mapping[str, object], key: str, source: str, *, optional: bool = False) -> str | None:
     value = data.get(key)
     if (value is None and optional) or isinstance(value, str):
         return value

@@ -19,11 +19,11 @@ import stat
 import unicodedata
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from aiperf.errors import AiperfError, excerpt, first_line, os_error
 from aiperf.ledger.files import write_atomic
 from aiperf.ledger.inert import HIDDEN_CATEGORIES
+from aiperf.ledger.json_types import JSONObject, JSONValue
 from aiperf.metrics.score import format_ops, format_percent
 from aiperf.results.summary import MAX_SUMMARY_BYTES, SUMMARY_NAME, format_rate
 from aiperf.submission.layout import (
@@ -113,7 +113,7 @@ def _path(package: Path, relative: str) -> Path:
     return path
 
 
-def read_json(path: Path, relative: str, limit: int) -> Any:
+def read_json(path: Path, relative: str, limit: int) -> JSONValue:
     """A JSON file of a package: a regular file of at most ``limit`` bytes (its size checked before reading)."""
     try:
         info = os.lstat(path)
@@ -130,7 +130,7 @@ def read_json(path: Path, relative: str, limit: int) -> Any:
         raise _Unreadable(f"{relative} is not JSON ({first_line(exc, 80)})") from None
 
 
-def _object(package: Path, relative: str, limit: int) -> dict[str, Any]:
+def _object(package: Path, relative: str, limit: int) -> JSONObject:
     data = read_json(_path(package, relative), relative, limit)
     if not isinstance(data, dict):
         raise _Unreadable(f"{relative} is not a JSON object")
@@ -291,7 +291,7 @@ CSV_FIELDS = (
 )  # fmt: skip
 
 
-def csv_records(rows: Sequence[Row]) -> list[dict[str, Any]]:
+def csv_records(rows: Sequence[Row]) -> list[dict[str, object]]:
     """One record per row with the figures as numbers (OPS, FLOP/s, fractions, seconds) for a spreadsheet."""
     records = []
     for r in rows:

@@ -33,12 +33,13 @@ import stat
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import yaml
 
 from aiperf.errors import AiperfError, excerpt, os_error
 from aiperf.ledger.inert import inert
+from aiperf.ledger.json_types import JSONObject
 from aiperf.ledger.schema import WeightsRecord
 from aiperf.ledger.store import iter_ledger
 from aiperf.submission import layout
@@ -55,6 +56,9 @@ from aiperf.submission.layout import (
 )
 from aiperf.submission.manifest import manifest_text
 from aiperf.submission.runs import RunFacts, StoredAudit, audited_weights, first_difference, read_audit, read_run
+
+if TYPE_CHECKING:
+    from aiperf.submission.system_check import NodeKindDoc
 
 CONFIG_HEADER = (
     "# The config every run of this entry shares, as their ledgers recorded it (run.seed, run.results_dir\n"
@@ -121,7 +125,7 @@ def _output_paths(output: str) -> tuple[Path, Path, Path]:
     return target, partial, archive
 
 
-def _read_description(path: Path) -> tuple[bytes, dict[str, Any], str]:
+def _read_description(path: Path) -> tuple[bytes, JSONObject, str]:
     """The description's bytes (copied as they are), its JSON and the package's name for the system."""
     from aiperf.submission.layout import MAX_DESCRIPTION_BYTES, read_bounded
 
@@ -145,7 +149,7 @@ def _read_description(path: Path) -> tuple[bytes, dict[str, Any], str]:
     return raw, data, system
 
 
-def _check_description(path: Path, data: dict[str, Any], system: str) -> list[dict[str, Any]]:
+def _check_description(path: Path, data: JSONObject, system: str) -> list[NodeKindDoc]:
     from aiperf.submission.system_check import description_problems, node_kinds
 
     problems = description_problems(path, data, system)
@@ -155,7 +159,7 @@ def _check_description(path: Path, data: dict[str, Any], system: str) -> list[di
     return node_kinds(data)[0]
 
 
-def _check_run(path: Path, kinds: list[dict[str, Any]], system_path: Path) -> tuple[RunFacts, StoredAudit]:
+def _check_run(path: Path, kinds: list[NodeKindDoc], system_path: Path) -> tuple[RunFacts, StoredAudit]:
     """Verified, audited by an audit of this very ledger, and made on the described machine."""
     from aiperf.ledger.runlock import live_holder
     from aiperf.results.verify import verify_run

@@ -14,7 +14,6 @@ import math
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 from aiperf.ledger.inert import inert
 from aiperf.metrics.repeats import Spread, spread
@@ -121,7 +120,7 @@ def _text(value: object) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def _section(data: object, key: str) -> dict[str, Any]:
+def _section(data: object, key: str) -> dict[str, object]:
     value = data.get(key) if isinstance(data, Mapping) else None
     return dict(value) if isinstance(value, Mapping) else {}
 
@@ -146,7 +145,7 @@ def _one_of(values: Iterable[str | None]) -> str | None:
     return ", ".join(seen) if seen else None
 
 
-def _precisions(summary: Mapping[str, Any]) -> str | None:
+def _precisions(summary: Mapping[str, object]) -> str | None:
     values = summary.get("precision")
     if not isinstance(values, list):
         return None
@@ -158,17 +157,17 @@ def _precisions(summary: Mapping[str, Any]) -> str | None:
 MAX_DEVICE_KINDS = 64
 
 
-def _by_device(summary: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+def _by_device(summary: Mapping[str, object]) -> dict[str, dict[str, object]]:
     """A summary's ``efficiency.by_device``, the first ``MAX_DEVICE_KINDS`` entries, by device (its first entry)."""
     entries = _section(summary, "efficiency").get("by_device")
-    found: dict[str, dict[str, Any]] = {}
+    found: dict[str, dict[str, object]] = {}
     for d in entries[:MAX_DEVICE_KINDS] if isinstance(entries, list) else []:
         if isinstance(d, Mapping) and isinstance(d.get("device"), str):
             found.setdefault(d["device"], dict(d))
     return found
 
 
-def _device_points(summaries: Sequence[Mapping[str, Any]]) -> tuple[DevicePoint, ...]:
+def _device_points(summaries: Sequence[Mapping[str, object]]) -> tuple[DevicePoint, ...]:
     """The first run's kinds of device, each with the median over the runs of the OPS those devices counted."""
     runs = [_by_device(s) for s in summaries]
     points = []
@@ -181,7 +180,7 @@ def _device_points(summaries: Sequence[Mapping[str, Any]]) -> tuple[DevicePoint,
     return tuple(points)
 
 
-def _accelerators_text(points: Sequence[DevicePoint], system: Mapping[str, Any]) -> str | None:
+def _accelerators_text(points: Sequence[DevicePoint], system: Mapping[str, object]) -> str | None:
     """What the runs trained on; without a recorded breakdown, what the system description declares."""
     if points:
         return "; ".join(f"{p.count} x {p.device}" + (" (cores)" if p.unit == "core" else "") for p in points)
@@ -193,7 +192,7 @@ def _accelerators_text(points: Sequence[DevicePoint], system: Mapping[str, Any])
     return f"{cores:.0f} x {cpu} (cores)" if cores and cpu else None
 
 
-def _energy(summaries: Sequence[Mapping[str, Any]]) -> tuple[float | None, str]:
+def _energy(summaries: Sequence[Mapping[str, object]]) -> tuple[float | None, str]:
     """Median OPS per watt when every run was metered, with the lowest methodology level among them and
     what was metered (the figure covers only that: accelerators alone flatter a machine)."""
     sections = [_section(s, "energy") for s in summaries]
@@ -216,7 +215,7 @@ def _energy(summaries: Sequence[Mapping[str, Any]]) -> tuple[float | None, str]:
     return _median_all(figures), f"{text}: {covers}" if covers else text
 
 
-def _caveat(summaries: Sequence[Mapping[str, Any]]) -> str | None:
+def _caveat(summaries: Sequence[Mapping[str, object]]) -> str | None:
     """The notes the runs' verdicts carry beside the rules (``shared machine: 57 % of CPU time outside the run``),
     each once with how many runs it concerns: a ranked figure measured beside other work says so."""
     counts: dict[str, int] = {}
@@ -237,7 +236,7 @@ def _extreme(pick: Callable[[list[float]], float], values: list[float | None]) -
     return int(pick(known)) if known else None
 
 
-def _all_true(summaries: Sequence[Mapping[str, Any]], key: str) -> bool | None:
+def _all_true(summaries: Sequence[Mapping[str, object]], key: str) -> bool | None:
     values = [_section(s, "verdict").get(key) for s in summaries]
     if not values or any(not isinstance(v, bool) for v in values):
         return None
@@ -248,8 +247,8 @@ def combine_runs(
     package: str,
     system: str,
     workload: str,
-    summaries: Sequence[Mapping[str, Any]],
-    description: Mapping[str, Any],
+    summaries: Sequence[Mapping[str, object]],
+    description: Mapping[str, object],
     accepted: bool,
     finding: str | None = None,
 ) -> Row:

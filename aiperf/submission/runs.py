@@ -10,10 +10,10 @@ import copy
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from aiperf.errors import AiperfError, excerpt, first_line
 from aiperf.ledger.audit_file import AUDIT_NAME, MAX_AUDIT_BYTES, audited_end, binding
+from aiperf.ledger.json_types import JSONObject
 from aiperf.ledger.schema import Record, ResumeRecord, RunStartRecord, SystemHeader, TrialStartRecord, WeightsRecord
 from aiperf.ledger.store import LEDGER_NAME, read_raw_ledger
 from aiperf.submission.layout import WEIGHTS_DIR, portable_name, read_bounded
@@ -28,7 +28,7 @@ class RunFacts:
     """A run's ledger read once: its header, records, identity and the config its entry compares."""
 
     path: Path
-    raw: list[dict[str, Any]]
+    raw: list[JSONObject]
     records: list[Record]
     header: RunStartRecord
 
@@ -45,7 +45,7 @@ class RunFacts:
         return self.raw[-1].get("hash")
 
     @property
-    def config(self) -> dict[str, Any]:
+    def config(self) -> JSONObject:
         """The run's config as its ledger recorded it, less :data:`PER_RUN_SETTINGS`."""
         config = self.raw[0].get("config")
         return shared_config(config if isinstance(config, dict) else {})
@@ -74,7 +74,7 @@ def read_run(path: Path) -> RunFacts:
     return RunFacts(path, raw, records, of_type(records, RunStartRecord)[0])
 
 
-def shared_config(config: dict[str, Any]) -> dict[str, Any]:
+def shared_config(config: JSONObject) -> JSONObject:
     """``config`` without the settings each run of a series has its own of."""
     out = copy.deepcopy(config)
     for section, key in PER_RUN_SETTINGS:
@@ -104,18 +104,18 @@ def first_difference(a: object, b: object, path: str = "") -> str | None:
 class StoredAudit:
     """``audit.json`` as ``aiperf audit`` left it beside the run."""
 
-    data: dict[str, Any]
+    data: JSONObject
     raw: bytes = b""  # the file's bytes, which the ledger's audit record must name
 
     @property
-    def options(self) -> dict[str, Any]:
+    def options(self) -> JSONObject:
         options = self.data.get("options")
         return options if isinstance(options, dict) else {}
 
     def problem(self, run: RunFacts) -> str | None:
         """Why this audit does not vouch for ``run`` (failed, or of another ledger), or None."""
         recorded = self.data.get("ledger")
-        ledger: dict[str, Any] = recorded if isinstance(recorded, dict) else {}
+        ledger: JSONObject = recorded if isinstance(recorded, dict) else {}
         if self.data.get("ok") is not True:
             message = self.data.get("message")
             return f"its audit failed ({excerpt(message, 200) if message else 'no message'})"
@@ -129,7 +129,7 @@ class StoredAudit:
             return f"its audit is not vouched for by the ledger: {why}"
         return None
 
-    def trials(self) -> list[dict[str, Any]]:
+    def trials(self) -> list[JSONObject]:
         trials = self.data.get("trials")
         return [t for t in trials if isinstance(t, dict)] if isinstance(trials, list) else []
 

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from pydantic import ValidationError
 
@@ -43,10 +44,44 @@ TOP500_SITE_FIELDS = ("site", "location", "year", "manufacturer", "segment")
 MEMORY_TOLERANCE = 0.02  # host memory differs by megabytes between two measurements of one machine
 
 
-def site_of(description: dict[str, Any]) -> dict[str, Any]:
+# A node kind as JSON (NodeKindHeader's shape, which both sides were checked against or dumped from):
+# the fields compared here. A description's kind may leave any of them out, and a value may be null.
+class _CpuDoc(TypedDict, total=False):
+    model: str | None
+    sockets: int | None
+    cores: int | None
+    threads: int | None
+
+
+class _AcceleratorDoc(TypedDict, total=False):
+    name: str | None
+    memory_bytes: float | None
+    driver: str | None
+
+
+class _DescriptionDoc(TypedDict, total=False):
+    cpu: _CpuDoc | None
+    memory_bytes: float | None
+    accelerators: list[_AcceleratorDoc]
+    operating_system: str | None
+    kernel: str | None
+    software: dict[str, str]
+
+
+class NodeKindDoc(TypedDict, total=False):
+    """A measured kind of node (``aiperf.node_kinds`` of a description, or a ledger's ``system.kinds``)."""
+
+    count: int
+    description: _DescriptionDoc
+    used_accelerators: int
+    used_cores: int
+
+
+def site_of(description: Mapping[str, object]) -> dict[str, object]:
     """The site file a description was made from, read back from its fields."""
-    top500: dict[str, Any] = description["top500"] if isinstance(description.get("top500"), dict) else {}
-    ours: dict[str, Any] = description["aiperf"] if isinstance(description.get("aiperf"), dict) else {}
+    found_top500, found_ours = description.get("top500"), description.get("aiperf")
+    top500: Mapping[str, object] = found_top500 if isinstance(found_top500, dict) else {}
+    ours: Mapping[str, object] = found_ours if isinstance(found_ours, dict) else {}
     site = {k: description[k] for k in (*SITE_FIELDS, *OVERRIDE_FIELDS) if k in description}
     site |= {k: top500[k] for k in TOP500_SITE_FIELDS if k in top500}
     if site.get("manufacturer") == "unknown":  # what build_description writes for a site that named none
@@ -58,7 +93,7 @@ def site_of(description: dict[str, Any]) -> dict[str, Any]:
     return site
 
 
-def node_kinds(description: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
+def node_kinds(description: Mapping[str, object]) -> tuple[list[NodeKindDoc], list[str]]:
     """The measured kinds of node (``aiperf.node_kinds``), each checked against the ledger's shape for them."""
     from aiperf.system.description import FORMAT
 
@@ -76,11 +111,15 @@ def node_kinds(description: dict[str, Any]) -> tuple[list[dict[str, Any]], list[
             err = exc.errors()[0]
             where = ".".join(str(p) for p in err["loc"])
             problems.append(f"aiperf.node_kinds[{k}].{where}: {err['msg']}")
-    return (kinds if not problems else []), problems
+    # Each one checked against NodeKindHeader: of the shape NodeKindDoc names.
+    return (cast(list[NodeKindDoc], kinds) if not problems else []), problems
 
 
-def derived_problems(description: dict[str, Any], kinds: list[dict[str, Any]]) -> list[str]:
-    """Every field ``aiperf system`` derives from the node kinds, derived again and compared."""
+def derived_problems(description: Mapping[str, object], kinds: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Every field ``aiperf system`` derives from the node kinds, derived again and compared.
+
+    The kinds' fields go to :class:`~aiperf.system.kinds.NodeKind` as they are (pydantic checked their shape).
+    """
     from aiperf.system.description import build_description
     from aiperf.system.kinds import NodeKind
     from aiperf.system.site import SiteFile
@@ -138,7 +177,7 @@ def _gib(value: object) -> float:
     return float(value) / 2**30 if isinstance(value, (int, float)) else 0.0
 
 
-def hardware(kind: dict[str, Any]) -> dict[str, Any]:
+def hardware(kind: NodeKindDoc) -> dict[str, object]:
     """What makes a kind of node the machine it is (host memory compared apart, within a tolerance)."""
     d = kind.get("description") or {}
     cpu = d.get("cpu") or {}
@@ -154,17 +193,17 @@ def hardware(kind: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def software(kind: dict[str, Any]) -> dict[str, Any]:
+def software(kind: NodeKindDoc) -> dict[str, object]:
     """The software a kind of node ran: package versions, operating system, kernel, accelerator drivers."""
     d = kind.get("description") or {}
-    out = dict(d.get("software") or {})
+    out: dict[str, object] = dict(d.get("software") or {})
     out["operating system"] = d.get("operating_system")
     out["kernel"] = d.get("kernel")
     out["accelerator driver"] = sorted({str(a.get("driver")) for a in d.get("accelerators") or []})
     return out
 
 
-def describe_kind(kind: dict[str, Any]) -> str:
+def describe_kind(kind: NodeKindDoc) -> str:
     """``2 node(s): 2 x AMD EPYC 7B13 (2 cores, 24 GiB), accelerators none, 2 used``: a kind in a finding."""
     h = hardware(kind)
     memory = _gib((kind.get("description") or {}).get("memory_bytes"))
@@ -174,18 +213,18 @@ def describe_kind(kind: dict[str, Any]) -> str:
     return f"{kind.get('count')} node(s) of {host}, {devices}"
 
 
-def _memory_agrees(a: dict[str, Any], b: dict[str, Any]) -> bool:
+def _memory_agrees(a: NodeKindDoc, b: NodeKindDoc) -> bool:
     x, y = (_gib((k.get("description") or {}).get("memory_bytes")) for k in (a, b))
     return abs(x - y) <= max(1.0, MEMORY_TOLERANCE * max(x, y))
 
 
-def _used(kind: dict[str, Any]) -> bool:
+def _used(kind: NodeKindDoc) -> bool:
     return bool(kind.get("used_accelerators") or kind.get("used_cores"))
 
 
-def agreement_problems(kinds: list[dict[str, Any]], header: SystemHeader, run: str, system_file: str) -> list[str]:
+def agreement_problems(kinds: list[NodeKindDoc], header: SystemHeader, run: str, system_file: str) -> list[str]:
     """Whether the description's node kinds are the kinds ``header`` recorded and trained on, with their software."""
-    recorded = [k.model_dump() for k in header.kinds]
+    recorded = [cast(NodeKindDoc, k.model_dump()) for k in header.kinds]
     if not recorded:
         return [
             f"{run}: its ledger records no measured system (written before 2026-11-25, or simulated), "
