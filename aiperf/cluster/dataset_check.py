@@ -9,7 +9,7 @@ their workers when they start (:func:`aiperf.datasets.census.check_readable`).
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
 
 from aiperf.cluster.resources import NodeInfo
 from aiperf.datasets.census import census_on_this_node
@@ -22,7 +22,7 @@ def _label(node: NodeInfo) -> str:
     return node.hostname or node.node_id[:12]
 
 
-def _problem(node: NodeInfo, got: dict[str, Any], expected: dict[str, Any], path: str) -> str | None:
+def _problem(node: NodeInfo, got: Mapping[str, object], expected: Mapping[str, object], path: str) -> str | None:
     if "error" in got:
         return f"node {_label(node)} does not see the dataset: {got['error']}"
     if got.get("files") != expected.get("files"):
@@ -33,7 +33,7 @@ def _problem(node: NodeInfo, got: dict[str, Any], expected: dict[str, Any], path
 
 
 def check_nodes_see_dataset(
-    nodes: list[NodeInfo], name: str, path: str, expected: dict[str, Any], timeout_s: float = CENSUS_TIMEOUT_S
+    nodes: list[NodeInfo], name: str, path: str, expected: Mapping[str, object], timeout_s: float = CENSUS_TIMEOUT_S
 ) -> None:
     """Raise a one-line :class:`AiperfError` naming the first node that does not see what the head saw."""
     import ray

@@ -14,10 +14,56 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar, TypedDict
 
 if TYPE_CHECKING:
+    from ray import ObjectRef
+
+    from aiperf.cluster.node_weights import Arrays
     from aiperf.training.trial import Weights
+
+
+class WorkerInfo(TypedDict, total=False):
+    """What a worker says about itself once it is ready (:meth:`~aiperf.cluster.worker.TrialWorker.info`).
+
+    The master's worker records and messages read it. Not total: an in-process pool's workers
+    describe only part of it, and a lost worker's event carries only its node and host.
+    """
+
+    worker: str
+    node: str  # the Ray node id
+    hostname: str
+    pid: int
+    agent_pid: int  # a node agent's slot: the agent's process (the worker runs in a process of its own)
+    device: dict[str, object]  # aiperf.training.backend.DeviceInfo, as a dict
+    precision: str
+    versions: dict[str, str]
+    threads: int
+    decode_threads: int | None  # None: the dataset is held in memory (nothing to decode)
+    init_s: float
+    ceiling: dict[str, object] | None  # aiperf.system.ceiling.Ceiling, as a dict (None: not measured)
+    niceness: int | None  # None: the platform has no niceness
+
+
+class IdleGapStats(TypedDict):
+    """A worker's idle gaps between trials (seconds); None where it had none."""
+
+    count: int
+    mean_s: float | None
+    max_s: float | None
+    median_s: float | None
+
+
+class WorkerStats(TypedDict):
+    """A worker's own busy/idle accounting (:meth:`~aiperf.cluster.worker.TrialWorker.stats`): ``worker_reported``."""
+
+    worker: str
+    busy_s: float
+    alive_s: float
+    busy_fraction: float | None
+    trials: int
+    init_s: float
+    idle_gaps: IdleGapStats
 
 
 class EventKind(enum.StrEnum):
@@ -43,7 +89,7 @@ class StoredWeights:
     as that owner and anyone holding the reference. :mod:`aiperf.cluster.node_weights`.
     """
 
-    ref: Any
+    ref: ObjectRef[Arrays] | None
     node: str
     owner: str
     nbytes: int
@@ -135,7 +181,7 @@ class TrialDone:
     batch_size: int | None = None
     requested_batch_size: int | None = None
     precision: str | None = None
-    worker_stats: dict[str, Any] | None = None  # the worker's own busy/idle accounting so far
+    worker_stats: WorkerStats | None = None  # the worker's own busy/idle accounting so far
 
 
 TrialMessage = TrialStarted | EpochReport | BadImagesReport | TrialDone

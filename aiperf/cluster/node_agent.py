@@ -30,14 +30,27 @@ import queue
 import threading
 import time
 from collections.abc import Generator
-from typing import Any
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Literal
 
-from aiperf.cluster.messages import EpochReport, TrialDone, TrialEnded, TrialMessage, TrialStarted
-from aiperf.cluster.node_weights import NodeStore, StartWeights, WeightSource, resolve_start
+from aiperf.cluster.messages import (
+    EpochReport,
+    TrialDone,
+    TrialEnded,
+    TrialMessage,
+    TrialStarted,
+    WorkerInfo,
+    WorkerStats,
+)
+from aiperf.cluster.node_weights import NodeStore, SentWeights, StartWeights, resolve_start
 from aiperf.datasets.base import Dataset
 from aiperf.errors import first_line
 from aiperf.families.language.data import LanguageData
-from aiperf.training.trial import TrialSpec
+from aiperf.training.trial import TrialSpec, TrialSpecDict
+
+if TYPE_CHECKING:
+    from aiperf.cluster.remote import KeeperActor
+    from aiperf.cluster.worker import TrialWorker, WorkerSettings
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +60,16 @@ SLOT_STOP_S = 5.0  # how long a stopped slot's process gets to exit before it is
 SLOT_REAP_S = 1.0  # how long a slot's process whose pipe closed gets to be reaped before its exit code is read
 
 
-TrialRequest = tuple[int, str, dict[str, Any], WeightSource, WeightSource]  # slot key, worker id, spec, parent, resume
+TrialRequest = tuple[int, str, TrialSpecDict, SentWeights, SentWeights]  # slot key, worker id, spec, parent, resume
+# What a slot's process sends its agent, by its first item: its description once ready, a trial's message, the
+# end of a trial's messages, its accounting, or an error as "Type: words" (the trial raised, or the start failed).
+SlotReply = (
+    tuple[Literal["ready"], WorkerInfo]
+    | tuple[Literal["message"], TrialMessage]
+    | tuple[Literal["end"], None]
+    | tuple[Literal["stats"], WorkerStats]
+    | tuple[Literal["error"], str]
+)
 
 
 class SlotLost(Exception):
@@ -85,7 +107,9 @@ def _exit_with_parent(parent: int) -> None:
     os._exit(1)
 
 
-def _slot_main(conn: Any, worker_id: str, dataset: Dataset | LanguageData, settings: Any, devices: str | None) -> None:
+def _slot_main(
+    conn: Connection, worker_id: str, dataset: Dataset | LanguageData, settings: WorkerSettings, devices: str | None
+) -> None:
     """A slot's process: build the worker, then answer the agent's requests until told to stop or the pipe closes.
 
     A thread reads the pipe, so a ``prepare`` request (a trial queued behind the running one) reaches the
@@ -103,7 +127,7 @@ def _slot_main(conn: Any, worker_id: str, dataset: Dataset | LanguageData, setti
         return
     conn.send(("ready", worker.info()))
     requests: queue.SimpleQueue[tuple] = queue.SimpleQueue()
-    ahead: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
+    ahead: queue.SimpleQueue[TrialSpecDict] = queue.SimpleQueue()
     threading.Thread(target=_read_requests, args=(conn, requests, ahead), daemon=True, name="requests").start()
     threading.Thread(target=_compile_ahead, args=(worker, ahead), daemon=True, name="compile-ahead").start()
     while True:
@@ -122,7 +146,9 @@ def _slot_main(conn: Any, worker_id: str, dataset: Dataset | LanguageData, setti
             conn.send(("error", f"{type(exc).__name__}: {first_line(exc, 400)}"))
 
 
-def _read_requests(conn: Any, requests: queue.SimpleQueue[tuple], ahead: queue.SimpleQueue[dict[str, Any]]) -> None:
+def _read_requests(
+    conn: Connection, requests: queue.SimpleQueue[tuple], ahead: queue.SimpleQueue[TrialSpecDict]
+) -> None:
     """The slot's pipe, read as requests come: ``prepare`` goes to the compile thread, the rest in order."""
     while True:
         try:
@@ -136,7 +162,7 @@ def _read_requests(conn: Any, requests: queue.SimpleQueue[tuple], ahead: queue.S
             requests.put(request)
 
 
-def _compile_ahead(worker: Any, ahead: queue.SimpleQueue[dict[str, Any]]) -> None:
+def _compile_ahead(worker: TrialWorker, ahead: queue.SimpleQueue[TrialSpecDict]) -> None:
     """The slot's compile thread: each queued trial's model built and its steps compiled (``TrialWorker.prepare``)."""
     while True:
         worker.prepare(ahead.get())
@@ -145,7 +171,9 @@ def _compile_ahead(worker: Any, ahead: queue.SimpleQueue[dict[str, Any]]) -> Non
 class _SlotProcess:
     """The agent's side of one slot: its process, its pipe, and a lock so one request talks at a time."""
 
-    def __init__(self, worker_id: str, dataset: Dataset | LanguageData, settings: Any, devices: str | None) -> None:
+    def __init__(
+        self, worker_id: str, dataset: Dataset | LanguageData, settings: WorkerSettings, devices: str | None
+    ) -> None:
         context = multiprocessing.get_context("spawn")
         self.conn, child = context.Pipe()
         self.process = context.Process(
@@ -159,7 +187,7 @@ class _SlotProcess:
         self.ready = False  # its worker answered: trials may be sent
         self.training = False  # a trial is running on it (not merely a stats request holding the lock)
 
-    def receive(self, timeout: float | None = None) -> tuple[str, Any]:
+    def receive(self, timeout: float | None = None) -> SlotReply:
         """The process's next reply; :class:`SlotLost` when it died or stayed silent past ``timeout``."""
         try:
             if timeout is not None and not self.conn.poll(timeout):
@@ -176,7 +204,7 @@ class _SlotProcess:
         except OSError:
             raise self.lost() from None
 
-    def prepare(self, spec: dict[str, Any]) -> None:
+    def prepare(self, spec: TrialSpecDict) -> None:
         """Have the process compile a queued trial ahead (no answer; a process already gone is found by the trial)."""
         with contextlib.suppress(OSError), self._send_lock:
             self.conn.send(("prepare", spec))
@@ -204,7 +232,7 @@ class _SlotProcess:
 class NodeAgent:
     """The Ray actor of one node (threaded: each slot's request runs on a thread of its own)."""
 
-    def __init__(self, shares: dict[int, float], keeper: Any = None) -> None:
+    def __init__(self, shares: dict[int, float], keeper: KeeperActor | None = None) -> None:
         """``shares``: each slot's accelerator share by key, in the order they are cut from the agent's accelerators.
 
         ``keeper``: the node's :class:`~aiperf.cluster.node_weights.WeightKeeper`, which owns the sets the agent's
@@ -224,7 +252,7 @@ class NodeAgent:
         self._ahead = False  # queued trials go to their slots to be compiled ahead (set from the slots' settings)
         self._waiting: dict[int, list[TrialSpec]] = {}  # per slot: the trials waiting for it, in the order they came
 
-    def start(self, key: int, worker_id: str, dataset: Dataset | LanguageData, settings: Any) -> dict[str, Any]:
+    def start(self, key: int, worker_id: str, dataset: Dataset | LanguageData, settings: WorkerSettings) -> WorkerInfo:
         """Start slot ``key``'s process (a slot started before is stopped first); its description once ready.
 
         The pool queues trials on a slot while it starts; they wait in :meth:`_slot` until it is ready.
@@ -240,9 +268,9 @@ class NodeAgent:
             self._slots[key] = slot
             self._changed.notify_all()
         try:
-            kind, value = slot.receive(SLOT_START_S)
-            if kind != "ready":
-                raise RuntimeError(value)
+            reply = slot.receive(SLOT_START_S)
+            if reply[0] != "ready":
+                raise RuntimeError(reply[1])
         except Exception as exc:
             with self._changed:
                 self._failed[key] = str(exc)
@@ -253,7 +281,7 @@ class NodeAgent:
         with self._changed:
             slot.ready = True
             self._changed.notify_all()
-        return {**value, "node": self._node, "agent_pid": os.getpid()}
+        return {**reply[1], "node": self._node, "agent_pid": os.getpid()}
 
     def _slot(self, key: int, wait_s: float = SLOT_START_S) -> _SlotProcess:
         """Slot ``key`` once it is ready (waiting up to ``wait_s`` while it starts); :class:`SlotLost` if it is not."""
@@ -385,13 +413,14 @@ class NodeAgent:
                 if behind is not None and self._ahead:
                     slot.prepare(behind.to_dict())
                 while True:
-                    kind, value = slot.receive()
-                    if kind == "end":
+                    reply = slot.receive()
+                    if reply[0] == "end":
                         return
-                    if kind == "error":
-                        raise TrialRaised(value)
-                    if kind == "stats":
+                    if reply[0] == "error":
+                        raise TrialRaised(reply[1])
+                    if reply[0] != "message":  # a stats answer (a process sends "ready" once, before any trial)
                         continue
+                    value = reply[1]
                     if isinstance(value, TrialStarted) and start.fallback:
                         value.weights_lost, value.inherited = start.fallback, start.inherited
                     yield value
@@ -405,14 +434,14 @@ class NodeAgent:
             raise slot.lost()
         return True
 
-    def stats(self, key: int) -> dict[str, Any]:
+    def stats(self, key: int) -> WorkerStats:
         slot = self._slot(key)
         with slot.lock:
             slot.send(("stats",))
-            kind, value = slot.receive(SLOT_STOP_S)
-        if kind != "stats":
-            raise RuntimeError(f"worker {slot.worker_id} answered {kind} to a stats request")
-        return value
+            reply = slot.receive(SLOT_STOP_S)
+        if reply[0] != "stats":
+            raise RuntimeError(f"worker {slot.worker_id} answered {reply[0]} to a stats request")
+        return reply[1]
 
     def stop(self, key: int) -> None:
         """Stop slot ``key``'s process (a lost or retired worker)."""

@@ -23,12 +23,17 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias
 
 from aiperf.cluster.messages import StoredWeights
 from aiperf.errors import first_line
 from aiperf.training.trial import TrialSpec, Weights
 from nas.language.spec import Weights as LMWeights
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
+
+    from aiperf.cluster.remote import KeeperActor
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +48,9 @@ KEEP_TIMEOUT_S = 10.0
 Arrays = Weights | LMWeights  # an image set (node -> arrays) or a language model's (name -> array)
 WeightSource = Arrays | StoredWeights | None
 KEEPER_OWNER = "weight keeper"  # StoredWeights.owner of a set its node's keeper holds
+# What the master hands a worker for a trial's start: a source as above, or arrays it put in the object
+# store once for several submissions (WorkerPool.put), which Ray resolves to the arrays in the worker.
+SentWeights: TypeAlias = "WeightSource | ObjectRef[Arrays]"
 
 
 class WeightKeeper:
@@ -54,15 +62,16 @@ class WeightKeeper:
     """
 
     def __init__(self) -> None:
-        self._held: dict[int, Any] = {}  # sets put by :meth:`hold` and not yet taken, by key
+        self._held: dict[int, ObjectRef[Arrays]] = {}  # sets put by :meth:`hold` and not yet taken, by key
         self._keys = itertools.count()
         self._lock = threading.Lock()  # the keeper is a threaded actor (several sets copied at once)
 
-    def keep(self, weights: Weights) -> list[Any]:
+    def keep(self, weights: Weights) -> list[ObjectRef[Arrays]]:
         """Put ``weights`` in this node's object store; the reference comes back in a list, unresolved."""
         import ray
 
-        return [ray.put(weights)]
+        ref: ObjectRef[Arrays] = ray.put(weights)
+        return [ref]
 
     def hold(self, weights: Weights) -> int:
         """Put ``weights`` in this node's object store and keep the reference here; its key comes back.
@@ -73,13 +82,13 @@ class WeightKeeper:
         """
         import ray
 
-        ref = ray.put(weights)
+        ref: ObjectRef[Arrays] = ray.put(weights)
         with self._lock:
             key = next(self._keys)
             self._held[key] = ref
         return key
 
-    def take(self, keys: list[int]) -> list[Any]:
+    def take(self, keys: list[int]) -> list[ObjectRef[Arrays] | None]:
         """The references held under ``keys``, handed over (None for a key not held); the keeper lets go of them."""
         with self._lock:
             return [self._held.pop(key, None) for key in keys]
@@ -93,7 +102,7 @@ class WeightKeeper:
         return True
 
 
-def reach_keeper(keeper: Any) -> bool:
+def reach_keeper(keeper: KeeperActor) -> bool:
     """Ask the keeper once at a worker's start, so its address is known before any trial (False: unreachable)."""
     import ray
 
@@ -109,7 +118,7 @@ def weights_nbytes(weights: Weights) -> int:
     return sum(int(a.nbytes) for arrays in weights.values() for a in arrays)
 
 
-def store_on_node(weights: Weights, keeper: Any, node: str, worker: str) -> StoredWeights:
+def store_on_node(weights: Weights, keeper: KeeperActor | None, node: str, worker: str) -> StoredWeights:
     """Hand ``weights`` to the node's keeper (or, when it does not answer, keep them in this worker's process).
 
     The returned set's ``owner`` says which: a caller whose keeper did not answer stops asking it.
@@ -123,7 +132,8 @@ def store_on_node(weights: Weights, keeper: Any, node: str, worker: str) -> Stor
             return StoredWeights(ref=ref, node=node, owner=KEEPER_OWNER, nbytes=nbytes)
         except Exception as exc:  # the keeper died (its process, not the node): this worker owns the set
             logger.warning(f"worker {worker}: the node's weight keeper did not answer ({first_line(exc, 160)})")
-    return StoredWeights(ref=ray.put(weights), node=node, owner=f"worker {worker}", nbytes=nbytes)
+    own: ObjectRef[Arrays] = ray.put(weights)
+    return StoredWeights(ref=own, node=node, owner=f"worker {worker}", nbytes=nbytes)
 
 
 class NodeStore:
@@ -132,7 +142,7 @@ class NodeStore:
     A keeper that did not answer once is not asked again, so no later epoch waits on it.
     """
 
-    def __init__(self, keeper: Any, node: str = "") -> None:
+    def __init__(self, keeper: KeeperActor | None, node: str = "") -> None:
         self.keeper = keeper
         self.node = node
 
@@ -171,18 +181,28 @@ class WeightsLost(Exception):
     """A stored weight set that cannot be fetched (its node or owner is gone)."""
 
 
-def fetch_weights(source: WeightSource, timeout: float = FETCH_TIMEOUT_S) -> Arrays | None:
-    """The arrays of ``source``: as they are, or fetched from the node that holds them."""
-    if not isinstance(source, StoredWeights):
+def fetch_weights(source: SentWeights, timeout: float = FETCH_TIMEOUT_S) -> Arrays | None:
+    """The arrays of ``source``: as they are, fetched from the node that holds them, or from the object store.
+
+    A set the master holds as arrays (read back from disk on ``--resume``) is sent as a reference
+    (:meth:`~aiperf.cluster.pool.RayWorkerPool.put`). Ray resolves it for a worker that is an actor of its
+    own, where it is a call's argument, but not inside a node agent's batch, where it is nested in a list:
+    the agent fetches it here.
+    """
+    if source is None or isinstance(source, dict):
         return source
-    if source.ref is None:  # the master could not take it from its keeper
-        raise WeightsLost(f"{source.describe()}: its keeper no longer held it")
     import ray
 
+    if isinstance(source, StoredWeights):
+        if source.ref is None:  # the master could not take it from its keeper
+            raise WeightsLost(f"{source.describe()}: its keeper no longer held it")
+        what, ref = source.describe(), source.ref
+    else:
+        what, ref = "the set the master sent", source
     try:
-        return ray.get(source.ref, timeout=timeout)
+        return ray.get(ref, timeout=timeout)
     except Exception as exc:  # OwnerDiedError, ObjectLostError, GetTimeoutError, ...
-        raise WeightsLost(f"{source.describe()}: {type(exc).__name__}") from None
+        raise WeightsLost(f"{what}: {type(exc).__name__}") from None
 
 
 @dataclass(frozen=True)
@@ -201,9 +221,9 @@ class StartWeights:
 
 def resolve_start(
     spec: TrialSpec,
-    parent: WeightSource,
-    resume: WeightSource,
-    fetch: Callable[[WeightSource], Arrays | None] = fetch_weights,
+    parent: SentWeights,
+    resume: SentWeights,
+    fetch: Callable[[SentWeights], Arrays | None] = fetch_weights,
 ) -> StartWeights:
     """Fetch a trial's starting weights, falling back as the module docstring says.
 

@@ -29,12 +29,12 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 from sortedcontainers import SortedList
 
 from aiperf.cluster.call_batch import CallBatcher
-from aiperf.cluster.messages import EventKind, StoredWeights, TrialEnded, TrialMessage
+from aiperf.cluster.messages import EventKind, StoredWeights, TrialEnded, TrialMessage, WorkerInfo, WorkerStats
 from aiperf.cluster.node_agent import NodeAgent, SlotLost
 from aiperf.cluster.node_weights import WeightKeeper
 from aiperf.cluster.plan import Plan, Slot, make_plan
@@ -44,10 +44,16 @@ from aiperf.cluster.worker import LIVENESS_GROUP, PREPARE_GROUP, RayTrialWorker,
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from ray import ObjectRef, ObjectRefGenerator
+    from ray.actor import ActorHandle
+
+    from aiperf.cluster.node_weights import Arrays, SentWeights, WeightSource
+    from aiperf.cluster.remote import AgentActor, KeeperActor, Waitable, WorkerActor
     from aiperf.cluster.resources import NodeInfo
     from aiperf.config import Config
     from aiperf.datasets.base import Dataset
     from aiperf.families.language.data import LanguageData
+    from aiperf.training.trial import TrialSpecDict
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +63,13 @@ UNRESPONSIVE_S = 60.0  # ... one that answered nothing this long is lost as unre
 FINAL_ANSWER_S = 5.0  # at the run's end, each worker holding a trial must answer within this
 AGENT_SPARE_THREADS = 4  # a node agent's threads beyond those its slots need (queued trials, start, a question)
 KEEPER_THREADS = 4  # a node's weight keeper copies this many sets at once (its node's workers hand them in)
+
+
+class EventData(WorkerInfo, total=False):
+    """What a :class:`PoolEvent` says beyond its kind: the worker's description, or (``control_plane``) the GCS's."""
+
+    answering: bool  # control_plane: whether Ray's control plane answers again
+    silent_s: float  # control_plane: how long it has not answered
 
 
 @dataclass
@@ -73,7 +86,7 @@ class PoolEvent:
     worker: str
     trial: str | None = None
     attempt: int = 0
-    data: dict[str, Any] = field(default_factory=dict)
+    data: EventData = field(default_factory=lambda: EventData())
     error: str = ""
     started: bool = False  # for failed/lost: whether the trial had begun on the worker
     worker_lost: bool = False  # failed because the worker (process or node) is gone, not the trial's fault
@@ -93,7 +106,7 @@ class Retirement:
     to say so), so its record says it died rather than that the run ended.
     """
 
-    stats: dict[str, dict[str, Any]] = field(default_factory=dict)
+    stats: dict[str, WorkerStats] = field(default_factory=dict)
     lost: dict[str, str] = field(default_factory=dict)
 
 
@@ -114,9 +127,9 @@ class WorkerPool(ABC):
         worker: str,
         trial: str,
         attempt: int,
-        spec: dict[str, Any],
-        parent_weights: Any = None,
-        resume_weights: Any = None,
+        spec: TrialSpecDict,
+        parent_weights: SentWeights = None,
+        resume_weights: SentWeights = None,
     ) -> None:
         """Queue a trial on ``worker``; it starts as soon as the worker finishes what it has."""
 
@@ -125,14 +138,14 @@ class WorkerPool(ABC):
         """Block up to ``timeout`` seconds for events; return all that are ready."""
 
     @abstractmethod
-    def worker_info(self, worker: str) -> dict[str, Any]:
+    def worker_info(self, worker: str) -> WorkerInfo:
         """What the worker said about itself (node, device, precision); empty until ready."""
 
     @abstractmethod
     def retire_all(self) -> Retirement:
         """Stop all work; each reachable worker's final stats, and the workers found dead."""
 
-    def put(self, value: Any) -> Any:
+    def put(self, value: WeightSource) -> SentWeights:
         """Hand a large value (weights) to the pool once so several submissions can share it."""
         return value
 
@@ -207,7 +220,7 @@ class _Task:
     trial: str
     attempt: int
     worker: str
-    gen: Any = None  # the trial's stream, for a worker that is an actor of its own
+    gen: ObjectRefGenerator | None = None  # the trial's stream, for a worker that is an actor of its own
     started: bool = False
     # What arrived and is not yet taken: the trial does not run first on its worker yet, or its items
     # wait behind a weight set whose reference the pool is taking from its node's keeper.
@@ -218,7 +231,7 @@ class _Task:
 class _Batch:
     """One remote call to a node agent carrying trials for its slots; its stream carries ``(index, message)``."""
 
-    gen: Any
+    gen: ObjectRefGenerator
     agent: _Agent
     tasks: list[_Task]
 
@@ -230,7 +243,7 @@ _Named = tuple[StoredWeights, "_Worker"]  # a set named by its keeper's key, and
 class _Take:
     """One ``WeightKeeper.take`` call: the references of sets a node agent's stream named by key."""
 
-    ref: Any
+    ref: ObjectRef[list[ObjectRef[Arrays] | None]] | None  # None: its keeper was gone before it was asked
     sets: list[StoredWeights]
     workers: list[_Worker]  # whose trials' items wait behind these sets
     since: float = field(default_factory=time.monotonic)
@@ -240,7 +253,7 @@ class _Take:
 class _Agent:
     """A node agent (``cluster.actors: per_node``): one actor holding the resources of the slots it was made for."""
 
-    actor: Any
+    actor: AgentActor
     node_id: str
     keys: frozenset[int]  # the slot indexes it has room for
     alive: bool = True
@@ -253,10 +266,10 @@ class _AgentSlot:
     agent: _Agent
     key: int
 
-    def alive(self) -> Any:
+    def alive(self) -> ObjectRef[bool]:
         return self.agent.actor.alive.remote(self.key)
 
-    def stats(self) -> Any:
+    def stats(self) -> ObjectRef[WorkerStats]:
         return self.agent.actor.stats.remote(self.key)
 
     def stop(self) -> None:
@@ -270,22 +283,22 @@ class _Held:
 
     worker: _Worker
     task: _Task
-    spec: dict[str, Any]
-    parent: Any
-    resume: Any
+    spec: TrialSpecDict
+    parent: SentWeights
+    resume: SentWeights
 
 
 @dataclass
 class _Worker:
     worker_id: str
     slot: Slot
-    actor: Any  # the worker's actor, or its node agent's
-    info_ref: Any
-    info: dict[str, Any] = field(default_factory=dict)
+    actor: WorkerActor | AgentActor  # the worker's actor, or its node agent's
+    info_ref: ObjectRef[WorkerInfo]
+    info: WorkerInfo = field(default_factory=lambda: WorkerInfo())
     tasks: list[_Task] = field(default_factory=list)
     alive: bool = True
     heard: float = field(default_factory=time.monotonic)  # when it last said anything (a message, an answer)
-    ping: Any = None  # the liveness question it has not answered yet
+    ping: ObjectRef[bool] | None = None  # the liveness question it has not answered yet
     agent: _AgentSlot | None = None  # set when the worker is a slot of a node agent
 
 
@@ -331,7 +344,7 @@ class RayWorkerPool(WorkerPool):
         self._agents: list[_Agent] = []
         self._agent_cls = ray.remote(max_restarts=0)(NodeAgent)
         self._keeper_cls = ray.remote(max_restarts=0)(WeightKeeper)
-        self._keepers: dict[str, Any] = {}  # node id -> its WeightKeeper (weights stay on their node)
+        self._keepers: dict[str, KeeperActor] = {}  # node id -> its WeightKeeper (weights stay on their node)
         self._workers: dict[str, _Worker] = {}
         self._ids = itertools.count()
         self._resync_s = resync_s
@@ -344,7 +357,9 @@ class RayWorkerPool(WorkerPool):
         self._batcher: CallBatcher[_Agent, _Held] = CallBatcher()
         self._batches: list[_Batch] = []  # node agents' calls whose streams have not ended
         self._to_take: dict[str, list[_Named]] = {}  # by node: the sets this wait's items named by key
-        self._takes: dict[Any, _Take] = {}  # keeper calls in flight, by their result's reference
+        self._takes: dict[
+            ObjectRef[list[ObjectRef[Arrays] | None]], _Take
+        ] = {}  # keeper calls in flight, by their result's reference
         self._watch = ControlPlaneWatch(resync_s=resync_s).start()
         self._start_workers(self._plan.slots)
 
@@ -407,13 +422,17 @@ class RayWorkerPool(WorkerPool):
             else:
                 placed.append((slot, agent))
         for node_id, group in fresh.items():
-            actor = self._agent_cls.options(
-                num_cpus=sum(s.cpus for s in group),
-                num_gpus=sum(s.gpus for s in group),
-                # A thread per queued trial (each waits for its slot), one for the slot's start, one for a question.
-                max_concurrency=(self._queue_depth + 2) * len(group) + AGENT_SPARE_THREADS,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-            ).remote({s.index: s.gpus for s in group}, self._keeper(node_id))
+            # Ray's stubs type a handle's remote methods as Never: the pool calls them through AgentActor.
+            actor = cast(
+                "AgentActor",
+                self._agent_cls.options(
+                    num_cpus=sum(s.cpus for s in group),
+                    num_gpus=sum(s.gpus for s in group),
+                    # A thread per queued trial (each waits for its slot), one for the slot's start, one for a question.
+                    max_concurrency=(self._queue_depth + 2) * len(group) + AGENT_SPARE_THREADS,
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+                ).remote({s.index: s.gpus for s in group}, self._keeper(node_id)),
+            )
             agent = _Agent(actor, node_id, frozenset(s.index for s in group))
             self._agents.append(agent)
             placed.extend((s, agent) for s in group)
@@ -426,17 +445,20 @@ class RayWorkerPool(WorkerPool):
             self._workers[worker_id] = w
             self._refresh_free(w)
 
-    def _keeper(self, node_id: str) -> Any:
+    def _keeper(self, node_id: str) -> KeeperActor:
         """The node's weight keeper, started with the node's first worker (no CPU, a few threads to copy sets)."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         keeper = self._keepers.get(node_id)
         if keeper is None:
-            keeper = self._keeper_cls.options(
-                num_cpus=0,
-                max_concurrency=KEEPER_THREADS,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-            ).remote()
+            keeper = cast(  # called through KeeperActor, as a node agent is through AgentActor
+                "KeeperActor",
+                self._keeper_cls.options(
+                    num_cpus=0,
+                    max_concurrency=KEEPER_THREADS,
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+                ).remote(),
+            )
             self._keepers[node_id] = keeper
         return keeper
 
@@ -512,7 +534,7 @@ class RayWorkerPool(WorkerPool):
         free = w.alive and len(w.tasks) < self._queue_depth
         self._free.update(w.worker_id, (not w.info, len(w.tasks)) if free else None)
 
-    def put(self, value: Any) -> Any:
+    def put(self, value: WeightSource) -> SentWeights:
         """Arrays held here go to the object store once; a set already on a node is handed on as its reference."""
         if value is None or isinstance(value, StoredWeights):
             return value
@@ -523,9 +545,9 @@ class RayWorkerPool(WorkerPool):
         worker: str,
         trial: str,
         attempt: int,
-        spec: dict[str, Any],
-        parent_weights: Any = None,
-        resume_weights: Any = None,
+        spec: TrialSpecDict,
+        parent_weights: SentWeights = None,
+        resume_weights: SentWeights = None,
     ) -> None:
         w = self._workers[worker]
         task = _Task(trial, attempt, worker)
@@ -534,9 +556,10 @@ class RayWorkerPool(WorkerPool):
         w.tasks.append(task)
         self._refresh_free(w)
         if w.agent is None:
-            task.gen = w.actor.run_trial.remote(spec, parent_weights, resume_weights)
+            actor = cast("WorkerActor", w.actor)  # not a node agent's slot: the worker is an actor of its own
+            task.gen = actor.run_trial.remote(spec, parent_weights, resume_weights)
             if self._ahead and len(w.tasks) > 1:  # behind a running trial: its steps compile while that one trains
-                w.actor.prepare.options(concurrency_group=PREPARE_GROUP).remote(spec)
+                actor.prepare.options(concurrency_group=PREPARE_GROUP).remote(spec)
             return
         for agent, held in self._batcher.add(w.agent.agent, _Held(w, task, spec, parent_weights, resume_weights)):
             self._send(agent, held)
@@ -555,7 +578,7 @@ class RayWorkerPool(WorkerPool):
         for agent, held in self._batcher.flush():
             self._send(agent, held)
 
-    def worker_info(self, worker: str) -> dict[str, Any]:
+    def worker_info(self, worker: str) -> WorkerInfo:
         return self._workers[worker].info
 
     def _lose(
@@ -579,13 +602,13 @@ class RayWorkerPool(WorkerPool):
         ]
         w.tasks.clear()
         self._refresh_free(w)
-        where = {"node": w.slot.node_id, "hostname": self._hosts.get(w.slot.node_id, "")}
+        where = EventData(node=w.slot.node_id, hostname=self._hosts.get(w.slot.node_id, ""))
         events.append(PoolEvent(kind, w.worker_id, error=why, worker_lost=True, unresponsive=unresponsive, data=where))
         if w.agent is not None:
             w.agent.stop()
             return events
         try:
-            self._ray.kill(w.actor, no_restart=True)
+            self._ray.kill(_handle(w.actor), no_restart=True)
         except Exception as exc:  # already gone with its process or node
             logger.debug("killing lost worker %s: %s", w.worker_id, exc)
         return events
@@ -605,10 +628,10 @@ class RayWorkerPool(WorkerPool):
         events, self._pending_events = self._pending_events, []
         events.extend(self._control_plane())
         events.extend(self._check_liveness())
-        waitables: list[Any] = []
-        owner: dict[Any, tuple[_Worker, _Task | None]] = {}
-        pings: dict[Any, _Worker] = {}
-        batches: dict[Any, _Batch] = {}
+        waitables: list[Waitable] = []
+        owner: dict[Waitable, tuple[_Worker, _Task | None]] = {}
+        pings: dict[Waitable, _Worker] = {}
+        batches: dict[Waitable, _Batch] = {}
         for w in self._workers.values():
             if not w.alive:
                 continue
@@ -676,8 +699,8 @@ class RayWorkerPool(WorkerPool):
         A lost set stays a :class:`StoredWeights` with no reference: a child of it, or an attempt
         resuming from it, falls back as for any set whose node is gone (the ledger says so).
         """
-        refs: list[Any] = [None] * len(take.sets)
-        if not failed:
+        refs: list[ObjectRef[Arrays] | None] = [None] * len(take.sets)
+        if not failed and take.ref is not None:
             try:
                 refs = self._ray.get(take.ref)
             except Exception as exc:  # the keeper died (its node, or its process)
@@ -735,12 +758,12 @@ class RayWorkerPool(WorkerPool):
                 w.ping = self._ask_alive(w)
         return events
 
-    def _ask_alive(self, w: _Worker) -> Any:
+    def _ask_alive(self, w: _Worker) -> ObjectRef[bool]:
         if w.agent is not None:
             return w.agent.alive()
         return w.actor.alive.options(concurrency_group=LIVENESS_GROUP).remote()
 
-    def _take_answer(self, w: _Worker, ref: Any) -> bool:
+    def _take_answer(self, w: _Worker, ref: ObjectRef[bool]) -> bool:
         """The worker's answer to "alive?"; False when it died instead (its trial's stream says so)."""
         if w.ping is ref:
             w.ping = None
@@ -754,7 +777,7 @@ class RayWorkerPool(WorkerPool):
 
     def unresponsive(self, wait_s: float) -> dict[str, str]:
         self._flush()
-        asked: dict[Any, _Worker] = {}
+        asked: dict[ObjectRef[bool], _Worker] = {}
         for w in self._workers.values():
             if w.alive and w.info and w.tasks:
                 if w.ping is None:
@@ -778,19 +801,21 @@ class RayWorkerPool(WorkerPool):
         except Exception as exc:
             return self._lose(w, _ray_cause(exc), kind=EventKind.START_FAILED)
         self._refresh_free(w)
-        return [PoolEvent(EventKind.READY, w.worker_id, data=w.info)]
+        return [PoolEvent(EventKind.READY, w.worker_id, data=EventData(**w.info))]
 
     def _drain(self, w: _Worker, task: _Task) -> list[PoolEvent]:
         """Take every ready item from the stream of a trial on a worker that is an actor of its own."""
         ray = self._ray
         events: list[PoolEvent] = []
+        gen = task.gen
+        assert gen is not None  # only a task with a stream of its own is drained (wait)
         while _holds(w, task):
-            ready, _ = ray.wait([task.gen], timeout=0)
+            ready, _ = ray.wait([gen], timeout=0)
             if not ready:
                 break
             item: TrialMessage | TrialEnded
             try:
-                item = ray.get(next(task.gen))
+                item = ray.get(next(gen))
             except StopIteration:
                 item = TrialEnded()
             except Exception as exc:
@@ -907,7 +932,7 @@ class RayWorkerPool(WorkerPool):
         self._flush()
         if self._watch is not None:
             self._watch.stop(wait_s=0)  # no new question; the one in flight has its own deadline
-        stats: dict[str, dict[str, Any]] = {}
+        stats: dict[str, WorkerStats] = {}
         lost: dict[str, str] = {}
         alive = [w for w in self._workers.values() if w.alive]
         refs = {w.worker_id: w.agent.stats() if w.agent else w.actor.stats.remote() for w in alive if not w.tasks}
@@ -926,14 +951,16 @@ class RayWorkerPool(WorkerPool):
             self._refresh_free(w)
         for actor in [w.actor for w in alive if w.agent is None] + [a.actor for a in self._agents if a.alive]:
             try:
-                ray.kill(actor, no_restart=True)  # a node agent's slot processes end with it (their pipe closes)
+                ray.kill(
+                    _handle(actor), no_restart=True
+                )  # a node agent's slot processes end with it (their pipe closes)
             except Exception as exc:
                 logger.debug("killing a worker or node agent at the end: %s", exc)
         for agent in self._agents:
             agent.alive = False
         for keeper in self._keepers.values():  # the kept sets' files were collected before (WeightStore.finish)
             try:
-                ray.kill(keeper, no_restart=True)
+                ray.kill(_handle(keeper), no_restart=True)
             except Exception as exc:
                 logger.debug("killing a weight keeper at the end: %s", exc)
         self._keepers.clear()
@@ -962,6 +989,11 @@ def _fitting(wanted: list[Slot], held: list[Slot], nodes: list[NodeInfo]) -> lis
             free[1] -= s.gpus
             out.append(s)
     return out
+
+
+def _handle(actor: WorkerActor | AgentActor | KeeperActor) -> ActorHandle[object]:
+    """The Ray actor handle behind one of the pool's views of it, as ``ray.kill`` takes it."""
+    return cast("ActorHandle[object]", actor)
 
 
 def _is_death(exc: BaseException) -> bool:

@@ -35,12 +35,16 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Protocol, TypedDict
 
 from aiperf.errors import AiperfError, first_line
+
+if TYPE_CHECKING:
+    from aiperf.cluster.resources import RayNode
 
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 WORKER_NICENESS_ENV = "RAY_worker_niceness"  # read by the raylet when it starts; its default is 15
@@ -64,7 +68,7 @@ class RaySession:
 
     address: str
     local: bool
-    _restore: dict[str, Any] = field(default_factory=dict, repr=False)
+    _restore: _ClusterMode = field(default_factory=lambda: _ClusterMode(), repr=False)
 
     def shutdown(self, wait_s: float = SHUTDOWN_WAIT_S) -> str | None:
         """Disconnect, and stop the instance this process started, in bounded time.
@@ -91,12 +95,12 @@ class RaySession:
                 if not done.is_set():
                     note += "; Ray's own exit may still wait for its control plane"
         if self._restore:
-            _set_cluster_mode(**self._restore)
+            _set_cluster_mode(self._restore["env"], self._restore["enabled"])
             self._restore = {}
         return note
 
 
-def _in_thread(fn: Callable[[], Any], name: str) -> threading.Event:
+def _in_thread(fn: Callable[[], object], name: str) -> threading.Event:
     """Run ``fn`` on a daemon thread; the event is set when it returned or raised."""
     done = threading.Event()
 
@@ -128,7 +132,29 @@ def kill_local_ray() -> int:
     return killed
 
 
-def _gcs_client(ray: Any) -> Any:
+class _NodeId(Protocol):
+    def hex(self) -> str: ...
+
+
+class _GcsNodeInfo(Protocol):
+    """The fields of Ray's ``GcsNodeInfo`` message (generated protobuf, untyped) that :func:`gcs_nodes` reads."""
+
+    node_id: _NodeId
+    state: int
+    node_manager_address: str
+    node_manager_hostname: str
+    resources_total: Mapping[str, float]
+
+
+class _GcsClient(Protocol):
+    """What this module asks of Ray's private, untyped ``GcsClient``; every call has a deadline."""
+
+    def internal_kv_get(self, key: bytes, namespace: bytes, *, timeout: float) -> bytes | None: ...
+
+    def get_all_node_info(self, *, timeout: float) -> Mapping[object, _GcsNodeInfo]: ...
+
+
+def _gcs_client(ray: ModuleType) -> _GcsClient:
     """This driver's client of the GCS (AttributeError where there is none: a Ray Client connection)."""
     return ray._private.worker.global_worker.gcs_client
 
@@ -140,7 +166,7 @@ def gcs_ping(timeout_s: float) -> None:
     _gcs_client(ray).internal_kv_get(b"aiperf-ping", b"aiperf", timeout=timeout_s)
 
 
-def gcs_nodes(timeout_s: float) -> list[dict[str, Any]]:
+def gcs_nodes(timeout_s: float) -> list[RayNode]:
     """The cluster's alive nodes as ``ray.nodes()`` lists them, asked with a deadline (``ray.nodes()`` has none)."""
     import ray
     from ray.core.generated import gcs_pb2
@@ -176,8 +202,8 @@ class ControlPlaneWatch:
         resync_s: float = 10.0,
         probe_s: float = CONTROL_PLANE_PROBE_S,
         timeout_s: float = CONTROL_PLANE_TIMEOUT_S,
-        ping: Callable[[float], Any] = gcs_ping,
-        list_nodes: Callable[[float], list[dict[str, Any]]] = gcs_nodes,
+        ping: Callable[[float], object] = gcs_ping,
+        list_nodes: Callable[[float], list[RayNode]] = gcs_nodes,
     ) -> None:
         self.resync_s, self.probe_s, self.timeout_s = resync_s, probe_s, timeout_s
         self._ping, self._list_nodes = ping, list_nodes
@@ -185,7 +211,7 @@ class ControlPlaneWatch:
         self._stop = threading.Event()
         self._asking_since: float | None = None  # a question is out since then
         self._failing_since: float | None = None  # the first question of the current run of failed ones
-        self._nodes: list[dict[str, Any]] | None = None
+        self._nodes: list[RayNode] | None = None
         self._last_listing = float("-inf")
         self._thread: threading.Thread | None = None
         self.unavailable: str | None = None  # why this Ray cannot be watched (the pool then asks it directly)
@@ -253,7 +279,7 @@ class ControlPlaneWatch:
         now = time.monotonic() if now is None else now
         return since if now - since >= self.timeout_s else None
 
-    def take_nodes(self) -> list[dict[str, Any]] | None:
+    def take_nodes(self) -> list[RayNode] | None:
         """The newest node listing not yet taken (``ray.nodes()``'s shape), or None."""
         with self._lock:
             nodes, self._nodes = self._nodes, None
@@ -281,11 +307,29 @@ def _set_cluster_mode(env: str | None, enabled: bool) -> None:
     ray_constants.ENABLE_RAY_CLUSTER = enabled
 
 
-def _loopback_only() -> dict[str, Any]:
+class _InitOptions(TypedDict, total=False):
+    """What every ``ray.init`` of this driver passes (a joined cluster's on loopback adds ``_node_ip_address``)."""
+
+    include_dashboard: bool
+    log_to_driver: bool
+    logging_level: int
+    configure_logging: bool
+    runtime_env: dict[str, dict[str, str]]
+    _node_ip_address: str
+
+
+class _ClusterMode(TypedDict, total=False):
+    """How Ray resolved this node's IP before :func:`_loopback_only` (empty: nothing to restore)."""
+
+    env: str | None
+    enabled: bool
+
+
+def _loopback_only() -> _ClusterMode:
     """Make Ray resolve this node's IP to loopback; returns what to restore afterwards."""
     from ray._private import ray_constants
 
-    previous = {"env": os.environ.get(LOOPBACK_ENV), "enabled": ray_constants.ENABLE_RAY_CLUSTER}
+    previous = _ClusterMode(env=os.environ.get(LOOPBACK_ENV), enabled=ray_constants.ENABLE_RAY_CLUSTER)
     _set_cluster_mode("0", False)
     return previous
 
@@ -311,11 +355,11 @@ def _check_reachable(address: str, timeout_s: float = 10.0) -> None:
         raise AiperfError(f"cannot join the Ray cluster at {address}: {exc.strerror or exc}") from None
 
 
-def _join(ray: Any, address: str, kwargs: dict[str, Any]) -> RaySession:
+def _join(ray: ModuleType, address: str, kwargs: _InitOptions) -> RaySession:
     """Connect to a running cluster; a loopback address keeps this driver on loopback too."""
     _check_reachable(address)
     target = _host_port(address)
-    restore: dict[str, Any] = {}
+    restore = _ClusterMode()
     if target is not None and target[0] in LOOPBACK_NAMES:
         # Ray would rewrite 127.0.0.1 to this machine's routable address and look for the cluster there.
         restore = _loopback_only()
@@ -324,7 +368,7 @@ def _join(ray: Any, address: str, kwargs: dict[str, Any]) -> RaySession:
         info = ray.init(address=address, **kwargs)
     except Exception as exc:  # ConnectionError, RuntimeError, ray.exceptions.AuthenticationError (missing token), ...
         if restore:
-            _set_cluster_mode(**restore)
+            _set_cluster_mode(restore["env"], restore["enabled"])
         kind = "" if isinstance(exc, (ConnectionError, RuntimeError, ValueError)) else f"{type(exc).__name__}: "
         raise AiperfError(f"cannot join the Ray cluster at {address}: {kind}{first_line(exc)}{TOKEN_HINT}") from None
     return RaySession(info.address_info.get("gcs_address", address), local=False, _restore=restore)
@@ -346,7 +390,7 @@ def start_ray(
     import ray
 
     address = address or os.environ.get("RAY_ADDRESS") or None
-    kwargs: dict[str, Any] = {
+    kwargs: _InitOptions = {
         "include_dashboard": False,
         "log_to_driver": False,
         "logging_level": logging.ERROR,
@@ -365,7 +409,7 @@ def start_ray(
     try:
         info = ray.init(num_cpus=num_cpus, num_gpus=num_gpus, _node_ip_address=LOOPBACK_IP, **kwargs)
     except Exception as exc:
-        _set_cluster_mode(**restore)
+        _set_cluster_mode(restore["env"], restore["enabled"])
         raise AiperfError(f"cannot start a local Ray instance: {first_line(exc)}") from None
     protect_token_file()
     # ray.init is annotated as returning BaseContext; a local start returns a RayContext, which has address_info.

@@ -13,8 +13,12 @@ import logging
 import os
 import platform
 import socket
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
+
+if TYPE_CHECKING:
+    from aiperf.training.backend import NvidiaGpu
 
 logger = logging.getLogger(__name__)
 
@@ -32,10 +36,10 @@ class NodeInfo:
     memory_bytes: int  # host memory (the node's total when probed, else Ray's schedulable memory)
     hostname: str = ""
     cpu_model: str = ""
-    accelerators: list[dict[str, Any]] = field(default_factory=list)  # nvidia-smi rows, all the node has
+    accelerators: list[NvidiaGpu] = field(default_factory=list)  # nvidia-smi rows, all the node has
     resources: dict[str, float] = field(default_factory=dict)
     is_head: bool = False
-    description: dict[str, Any] = field(default_factory=dict)  # aiperf.system.node.NodeDescription, when probed
+    description: dict[str, object] = field(default_factory=dict)  # aiperf.system.node.NodeDescription, when probed
 
     @property
     def gpu_memory_bytes(self) -> int:
@@ -50,14 +54,24 @@ class NodeInfo:
                 return key[len(ACCELERATOR_TYPE_PREFIX) :]
         return ""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """What the ledger's ``system.nodes`` holds (the full description is recorded once per kind of node)."""
         data = asdict(self)
         del data["description"]
         return data
 
 
-def probe_this_node(backend: str = "") -> dict[str, Any]:
+class RayNode(TypedDict, total=False):
+    """One entry of ``ray.nodes()``, the keys read here (``ray_session.gcs_nodes`` lists the same)."""
+
+    NodeID: str
+    Alive: bool
+    NodeManagerAddress: str
+    NodeManagerHostname: str
+    Resources: dict[str, float]
+
+
+def probe_this_node(backend: str = "") -> dict[str, Any]:  # typed otherwise, Ray's stubs see a task of no arguments
     """Facts only the node itself can tell (runs on the node, as a Ray task or locally).
 
     ``description`` is the full measured description (:mod:`aiperf.system.node`) that
@@ -69,7 +83,7 @@ def probe_this_node(backend: str = "") -> dict[str, Any]:
     from aiperf.training.backend import cpu_model, nvidia_gpus
 
     try:
-        description = describe_node(backend).to_dict()
+        description: dict[str, object] = describe_node(backend).to_dict()
     except Exception as exc:  # a node that cannot describe itself is still planned from the facts below
         logger.debug("node description failed: %s", exc)
         description = {}
@@ -84,7 +98,7 @@ def probe_this_node(backend: str = "") -> dict[str, Any]:
     }
 
 
-def node_from_ray(raw: dict[str, Any]) -> NodeInfo:
+def node_from_ray(raw: RayNode) -> NodeInfo:
     """A :class:`NodeInfo` from one entry of ``ray.nodes()`` (counts only, before any probe)."""
     res = raw.get("Resources", {}) or {}
     return NodeInfo(
@@ -99,7 +113,7 @@ def node_from_ray(raw: dict[str, Any]) -> NodeInfo:
     )
 
 
-def apply_probe(node: NodeInfo, facts: dict[str, Any]) -> None:
+def apply_probe(node: NodeInfo, facts: Mapping[str, Any]) -> None:
     """Fold a node's own report into what Ray said about it."""
     node.hostname = facts.get("hostname") or node.hostname
     node.cpu_model = facts.get("cpu_model", "")

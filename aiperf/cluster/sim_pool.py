@@ -19,14 +19,21 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import cast
 
 from aiperf.cluster.call_batch import CallBatcher
-from aiperf.cluster.messages import EpochReport, EventKind, StoredWeights, TrialDone, TrialStarted
-from aiperf.cluster.node_weights import KEEPER_OWNER, WeightsLost, WeightSource, resolve_start
+from aiperf.cluster.messages import EpochReport, EventKind, StoredWeights, TrialDone, TrialStarted, WorkerInfo
+from aiperf.cluster.node_weights import (
+    KEEPER_OWNER,
+    Arrays,
+    SentWeights,
+    WeightsLost,
+    WeightSource,
+    resolve_start,
+)
 from aiperf.cluster.plan import Plan, Slot
-from aiperf.cluster.pool import FreeWorkers, PoolEvent, Retirement, WorkerPool
-from aiperf.training.trial import TrialSpec
+from aiperf.cluster.pool import EventData, FreeWorkers, PoolEvent, Retirement, WorkerPool
+from aiperf.training.trial import TrialSpec, TrialSpecDict
 
 AccuracyFn = Callable[[TrialSpec], Sequence[float]]  # accuracy after each of the spec's epochs 1..epochs
 
@@ -107,6 +114,9 @@ class _SimTask:
     start: float = 0.0
     epochs_done: int = 0
     epoch_s: float = 0.0
+
+
+_Payload = tuple[str, _SimTask, int]  # a simulated event's worker, trial, and epoch (1-based; 0: its start or end)
 
 
 @dataclass
@@ -195,7 +205,7 @@ class SimulatedWorkerPool(WorkerPool):
         self._free = FreeWorkers()
         for w in self._workers.values():
             self._refresh_free(w)
-        self._events: list[tuple[float, int, str, Any]] = []  # (time, order, kind, payload)
+        self._events: list[tuple[float, int, str, _Payload]] = []  # (time, order, kind, payload)
         self._order = itertools.count()
         self._kills: list[tuple[float, str]] = []
         self._announced = False
@@ -255,7 +265,8 @@ class SimulatedWorkerPool(WorkerPool):
         """What a trial on ``w`` reports as its weights: nothing to hold, or a reference on its node."""
         return StoredWeights(ref=None, node=w.node, owner=KEEPER_OWNER, nbytes=0) if self.weights_on_nodes else {}
 
-    def _fetch(self, source: WeightSource, timeout: float = 0.0) -> Any:
+    def _fetch(self, sent: SentWeights, timeout: float = 0.0) -> Arrays | None:
+        source = _in_process(sent)
         if isinstance(source, StoredWeights):
             if source.node in self._lost_nodes:
                 raise WeightsLost(f"{source.describe()}: the node is gone")
@@ -274,7 +285,7 @@ class SimulatedWorkerPool(WorkerPool):
         ]
         w.queue.clear()
         self._refresh_free(w)
-        events.append(PoolEvent(kind, wid, error=why, worker_lost=True, data={"node": w.node, "hostname": w.node}))
+        events.append(PoolEvent(kind, wid, error=why, worker_lost=True, data=EventData(node=w.node, hostname=w.node)))
         return events
 
     def live_workers(self) -> int:
@@ -296,9 +307,9 @@ class SimulatedWorkerPool(WorkerPool):
         worker: str,
         trial: str,
         attempt: int,
-        spec: dict[str, Any],
-        parent_weights: Any = None,
-        resume_weights: Any = None,
+        spec: TrialSpecDict,
+        parent_weights: SentWeights = None,
+        resume_weights: SentWeights = None,
     ) -> None:
         w = self._workers[worker]
         # Submitting costs a real master the serialisation of the call's arguments (Ray pickles
@@ -327,10 +338,10 @@ class SimulatedWorkerPool(WorkerPool):
                 task.start = max(now, w.free_at)
                 epochs = task.epochs - task.start_epoch
                 w.free_at = task.start + self.startup_s + epochs * task.epoch_s
-                self._push(task.start, "start", (w.worker_id, task, None))
+                self._push(task.start, "start", (w.worker_id, task, 0))
                 for k in range(1, epochs + 1):
                     self._push(task.start + self.startup_s + k * task.epoch_s, "epoch", (w.worker_id, task, k))
-                self._push(w.free_at, "done", (w.worker_id, task, None))
+                self._push(w.free_at, "done", (w.worker_id, task, 0))
                 self._sent(w, task)
 
     def _sent(self, w: _SimWorker, task: _SimTask) -> None:
@@ -341,7 +352,13 @@ class SimulatedWorkerPool(WorkerPool):
             self._send(held)
 
     def _task(
-        self, worker: str, trial: str, attempt: int, spec: dict[str, Any], parent_weights: Any, resume_weights: Any
+        self,
+        worker: str,
+        trial: str,
+        attempt: int,
+        spec: TrialSpecDict,
+        parent_weights: SentWeights,
+        resume_weights: SentWeights,
     ) -> _SimTask:
         """The worker's side of a submission: the spec read, its weights found, its epochs simulated ahead."""
         trial_spec = TrialSpec.from_dict(spec)
@@ -377,7 +394,7 @@ class SimulatedWorkerPool(WorkerPool):
         train, evaluate = epoch_operations(cost, self.images[0], self.images[1], int(spec.hparams["batch_size"]))
         return (train + evaluate) / self.device_ops_per_s
 
-    def _push(self, t: float, kind: str, payload: Any) -> None:
+    def _push(self, t: float, kind: str, payload: _Payload) -> None:
         heapq.heappush(self._events, (t, next(self._order), kind, payload))
 
     def wait(self, timeout: float) -> list[PoolEvent]:
@@ -390,7 +407,9 @@ class SimulatedWorkerPool(WorkerPool):
                 if cause:
                     events.extend(self._kill(w.worker_id, cause, kind=EventKind.START_FAILED))
                 else:
-                    events.append(PoolEvent(EventKind.READY, w.worker_id, data=self.worker_info(w.worker_id)))
+                    events.append(
+                        PoolEvent(EventKind.READY, w.worker_id, data=EventData(**self.worker_info(w.worker_id)))
+                    )
             return events
         now = self.clock()
         if self._events and self._events[0][0] > now:
@@ -487,7 +506,7 @@ class SimulatedWorkerPool(WorkerPool):
             self.clock.spend(self.call_s * len(named))
         return events
 
-    def worker_info(self, worker: str) -> dict[str, Any]:
+    def worker_info(self, worker: str) -> WorkerInfo:
         w = self._workers[worker]
         return {
             "worker": worker,
@@ -506,3 +525,8 @@ class SimulatedWorkerPool(WorkerPool):
             self._refresh_free(w)
         self._events.clear()
         return Retirement()  # a simulated death is an event when it happens: none is found at the end
+
+
+def _in_process(weights: SentWeights) -> WeightSource:
+    """What a simulated trial was sent: the pool's ``put`` is the identity here, so never a Ray reference."""
+    return cast("WeightSource", weights)

@@ -21,15 +21,24 @@ import time
 import zlib
 from collections.abc import Generator
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Literal, cast
 
-from aiperf.cluster.messages import BadImagesReport, EpochReport, TrialDone, TrialMessage, TrialStarted
+from aiperf.cluster.messages import (
+    BadImagesReport,
+    EpochReport,
+    TrialDone,
+    TrialMessage,
+    TrialStarted,
+    WorkerInfo,
+    WorkerStats,
+)
 from aiperf.cluster.node_weights import NodeStore, WeightSource, resolve_start
 from aiperf.datasets.base import Dataset
-from aiperf.training.trial import TrialSpec
+from aiperf.training.trial import TrialSpec, TrialSpecDict, Weights
 
 if TYPE_CHECKING:
     from aiperf.cluster.plan import Slot
+    from aiperf.cluster.remote import KeeperActor
     from aiperf.config import Config
     from aiperf.families.image.trainer import TrainerSettings
     from aiperf.families.language.data import LanguageData
@@ -152,7 +161,7 @@ class TrialWorker:
         gc.collect()
         gc.freeze()
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> WorkerInfo:
         """Who and where this worker is; the first answer also tells the master it is ready."""
         node_id = ""
         try:
@@ -178,7 +187,7 @@ class TrialWorker:
         }
 
     def run_trial(
-        self, spec: dict[str, Any], parent_weights: WeightSource = None, resume_weights: WeightSource = None
+        self, spec: TrialSpecDict, parent_weights: WeightSource = None, resume_weights: WeightSource = None
     ) -> Generator[TrialMessage, None, None]:
         """Train one trial; yields a start marker, one report per epoch, then the final weights.
 
@@ -204,8 +213,9 @@ class TrialWorker:
         )
         first = True
         # The arrays are the run's family's (an image set or a language model's); the runner checks them against
-        # the architecture it builds before it uses them.
-        parent, resume = cast(Any, start.parent), cast(Any, start.resume)
+        # the architecture it builds before it uses them. Typed as the image runner's: the language runner takes
+        # any mapping.
+        parent, resume = cast("Weights | None", start.parent), cast("Weights | None", start.resume)
         for item in self.runner.run(start.spec, parent, resume):
             kind = item.pop("type")
             if kind == "epoch":
@@ -226,7 +236,7 @@ class TrialWorker:
             else:
                 raise ValueError(f"the trainer yielded an item of unknown type {kind!r}")
 
-    def prepare(self, spec: dict[str, Any]) -> bool:
+    def prepare(self, spec: TrialSpecDict) -> bool:
         """Build and compile the model of a trial queued behind the running one (the runner's ``prepare``).
 
         Called on a thread of its own while a trial trains; never raises: a spec that cannot be
@@ -241,7 +251,7 @@ class TrialWorker:
             logger.debug(f"worker {self.worker_id}: could not compile trial {spec.get('trial_id')} ahead: {exc}")
             return False
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> WorkerStats:
         alive = time.monotonic() - self.ready_at
         gaps = sorted(self.gaps)
         return {
@@ -272,7 +282,9 @@ class RayTrialWorker:
     they did without the group. A start-up that failed fails every later call the same way.
     """
 
-    def __init__(self, worker_id: str, dataset: Dataset, settings: WorkerSettings, keeper: Any = None) -> None:
+    def __init__(
+        self, worker_id: str, dataset: Dataset, settings: WorkerSettings, keeper: KeeperActor | None = None
+    ) -> None:
         self._args: tuple[str, Dataset, WorkerSettings] | None = (worker_id, dataset, settings)
         self._worker: TrialWorker | None = None
         self._failed: Exception | None = None
@@ -294,13 +306,13 @@ class RayTrialWorker:
         self._args = None
         return self._worker
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> WorkerInfo:
         info = self._built().info()
         self._store.reach()
         return info
 
     def run_trial(
-        self, spec: dict[str, Any], parent_weights: WeightSource = None, resume_weights: WeightSource = None
+        self, spec: TrialSpecDict, parent_weights: WeightSource = None, resume_weights: WeightSource = None
     ) -> Generator[TrialMessage, None, None]:
         """The trial's messages, each weight set in them left on this node (the master gets a reference)."""
         worker = self._built()
@@ -311,10 +323,10 @@ class RayTrialWorker:
                 message.weights = self._store.store(message.weights, worker.worker_id)
             yield message
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> WorkerStats:
         return self._built().stats()
 
-    def prepare(self, spec: dict[str, Any]) -> bool:
+    def prepare(self, spec: TrialSpecDict) -> bool:
         """A queued trial compiled ahead (``PREPARE_GROUP``), once the worker is built on its own thread."""
         self._started.wait(WORKER_START_S)
         worker = self._worker

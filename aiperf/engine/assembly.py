@@ -68,7 +68,7 @@ def system_description(
         attach_usage(kinds, [(s.node_id, s.cpus, s.gpus) for s in plan.slots])
     for kind in kinds:
         kind.peaks = device_peaks(kind.description, declared_peak)
-    system: dict[str, Any] = {
+    system: dict[str, object] = {  # its headers are validated by SystemHeader where it is recorded
         "head": platform.node(),
         "platform": platform.platform(),
         "nodes": [n.to_dict() for n in nodes],
@@ -128,7 +128,7 @@ class RunSession:
 
     def run(
         self,
-        around: contextlib.AbstractContextManager[Any] | None = None,
+        around: contextlib.AbstractContextManager[object] | None = None,
         stop_fields: Callable[[], dict[str, Any]] | None = None,
     ) -> RunOutcome:
         """Run the master to its end inside ``around`` (signals, telemetry) and record the end.

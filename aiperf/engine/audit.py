@@ -37,7 +37,7 @@ import os
 import platform
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, overload
@@ -108,8 +108,8 @@ class TrialCheck:
     status: str  # "pass" | "fail" | "skipped"
     detail: str
     epoch: int | None = None
-    recorded: Any = None
-    measured: Any = None
+    recorded: object = None  # what the ledger says (a number, or the files' names)
+    measured: object = None
 
 
 @dataclass
@@ -218,7 +218,7 @@ def _threads(header: RunStartRecord) -> int:
     return max(1, min(n, os.cpu_count() or 1))
 
 
-def machine_description(backend: str, threads: int) -> dict[str, Any]:
+def machine_description(backend: str, threads: int) -> dict[str, str | int | None]:
     """What this machine is, recorded beside the audit's timings."""
     from aiperf.training.backend import cpu_model, describe_device
 
@@ -762,7 +762,7 @@ def _tolerances(family: object) -> dict[str, float]:
     return {**reevaluate, "retrain_val_acc": RETRAIN_ACC_TOLERANCE}
 
 
-def _ended_completed(raw: list[dict[str, Any]]) -> bool:
+def _ended_completed(raw: Sequence[Mapping[str, object]]) -> bool:
     """Whether the run's last record (audits aside) is a completed run_stop: only then may an audit follow it."""
     ran = [r for r in raw if r.get("type") != RecordType.AUDIT]
     return bool(ran) and ran[-1].get("type") == RecordType.RUN_STOP and ran[-1].get("status") == RunStatus.COMPLETED

@@ -29,9 +29,18 @@ import re
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, Unpack
 
-from aiperf.cluster.messages import BadImagesReport, EpochReport, EventKind, StoredWeights, TrialDone, TrialStarted
+from aiperf.cluster.messages import (
+    BadImagesReport,
+    EpochReport,
+    EventKind,
+    StoredWeights,
+    TrialDone,
+    TrialStarted,
+    WorkerInfo,
+    WorkerStats,
+)
 from aiperf.cluster.pool import FINAL_ANSWER_S, PoolEvent, WorkerPool
 from aiperf.datasets.bad_images import over_limit, skipped_note, too_many_bad_images
 from aiperf.engine.progress import Progress
@@ -40,6 +49,7 @@ from aiperf.families import Family, Prepared
 from aiperf.families.image.family import ImageFamily
 from aiperf.ledger.schema import (
     BadImagesRecord,
+    CeilingHeader,
     EpochRecord,
     IdleGaps,
     RequeueRecord,
@@ -51,13 +61,17 @@ from aiperf.ledger.schema import (
     WeightsRecord,
     WorkerFailedRecord,
     WorkerRecord,
+    json_safe,
 )
 from aiperf.ledger.store import LedgerWriter
-from aiperf.training.trial import TrialSpec, Weights
+from aiperf.training.trial import TrialSpec, TrialSpecDict, Weights
 from nas.proposer import Proposer
 
 if TYPE_CHECKING:
+    from aiperf.cluster.node_weights import SentWeights
     from aiperf.config import Config
+    from nas.language.search import LMTrialProposal
+    from nas.proposer import TrialProposal
 
 logger = logging.getLogger(__name__)  # aiperf -v run: each trial's lifecycle at INFO, each epoch at DEBUG
 
@@ -93,7 +107,7 @@ class TrialState:
     """The master's view of one trial across its attempts."""
 
     trial_id: str
-    proposal: Any  # the family's proposal (nas.proposer.TrialProposal, nas.language.search.LMTrialProposal)
+    proposal: TrialProposal | LMTrialProposal  # the family's proposal
     prepared: Prepared  # the architecture as trained (an image graph with the trial's dropout rate), its cost
     seed: int
     attempt: int = 0
@@ -155,6 +169,17 @@ def cause_key(error: str) -> str:
     return re.sub(r"\d+", "#", text)
 
 
+class _Measured(TypedDict, total=False):
+    """What a completed trial's ``trial_end`` adds from its worker's report (:class:`TrialDone`)."""
+
+    startup_s: float | None
+    first_step_s: float | None
+    compile_s: float | None
+    step_reused: bool | None
+    batch_size: int | None
+    requested_batch_size: int | None
+
+
 @dataclass
 class _Failure:
     cause: str
@@ -163,17 +188,24 @@ class _Failure:
     error: str
 
 
+class RunStopFields(TypedDict, total=False):
+    """What ``run_stop`` says about Ray's control plane when it stopped answering (absent: it always answered)."""
+
+    control_plane_silent_t: float
+    control_plane_silent_s: float | None
+
+
 @dataclass
 class RunOutcome:
     status: RunStatus
     reason: str
     trials_started: int = 0
     trials_completed: int = 0
-    worker_stats: dict[str, dict[str, Any]] = field(default_factory=dict)
+    worker_stats: dict[str, WorkerStats] = field(default_factory=dict)
     control_plane_silent_t: float | None = None  # when Ray's control plane first stopped answering (None: never)
     control_plane_silent_s: float | None = None  # how long, in all, it did not answer
 
-    def run_stop_fields(self) -> dict[str, Any]:
+    def run_stop_fields(self) -> RunStopFields:
         """What ``run_stop`` adds to the status and reason (nothing when the control plane always answered)."""
         if self.control_plane_silent_t is None:
             return {}
@@ -200,7 +232,7 @@ class Master:
         family: Family | None = None,
     ) -> None:
         self.settings = settings
-        self.family = family if family is not None else ImageFamily()
+        self.family: Family = family if family is not None else ImageFamily()
         self.proposer = proposer
         self.pool = pool
         self.ledger = ledger
@@ -230,7 +262,7 @@ class Master:
         self.worker_busy: dict[str, float] = {}
         self.worker_compile: dict[str, float] = {}  # completed trials' compile_s (tracing/compilation alone)
         self.worker_gaps: dict[str, list[float]] = {}
-        self.worker_stats: dict[str, dict[str, Any]] = {}
+        self.worker_stats: dict[str, WorkerStats] = {}
         self.retired: set[str] = set()
         self._niceness_noted = False  # a worker below the priority of other programs was reported
         self.failure: str | None = None  # why the run cannot go on (ends it as failed)
@@ -374,7 +406,7 @@ class Master:
             logger.info(f"trial {trial_id} proposed: {proposal.kind}{origin}{change}; {hparams}")
         return state
 
-    def _spec(self, state: TrialState) -> tuple[dict[str, Any], Any, Any]:
+    def _spec(self, state: TrialState) -> tuple[TrialSpecDict, SentWeights, SentWeights]:
         """The spec of the next attempt and the weights it is sent: its checkpoint, and its parent's.
 
         A re-queued attempt is sent its parent's weights beside its checkpoint (when the parent is
@@ -382,7 +414,8 @@ class Master:
         again from the parent rather than from nothing (:mod:`aiperf.cluster.node_weights`).
         """
         p = state.proposal
-        parent_ref = resume_ref = None
+        parent_ref: SentWeights = None
+        resume_ref: SentWeights = None
         if state.checkpoint is not None:
             resume_ref = self.pool.put(state.checkpoint)
         inherit = (
@@ -576,7 +609,7 @@ class Master:
         else:
             logger.warning(text)
 
-    def _where(self, worker: str, data: dict[str, Any] | None = None) -> str:
+    def _where(self, worker: str, data: WorkerInfo | None = None) -> str:
         """``worker w0003 on node gpu17``: for messages."""
         info = data or self.pool.worker_info(worker) or {}
         node = info.get("hostname") or str(info.get("node", ""))[:12] or "?"
@@ -702,7 +735,7 @@ class Master:
         now = self.clock()
         train_ops, eval_ops, aiperf_ops = self.family.epoch_ops(state.prepared, d)
         info = self.pool.worker_info(ev.worker)
-        compatible = {"aiperf_ops": aiperf_ops} if aiperf_ops is not None else {}
+        compatible: _Comparable = {"aiperf_ops": aiperf_ops} if aiperf_ops is not None else {}
         self.ledger.append(
             epoch_record(
                 d,
@@ -848,7 +881,13 @@ class Master:
                 self.trials.pop(evicted, None)
 
     def _record_end(
-        self, state: TrialState, status: TrialStatus, reason: str, worker: str | None, now: float, **measured: Any
+        self,
+        state: TrialState,
+        status: TrialStatus,
+        reason: str,
+        worker: str | None,
+        now: float,
+        **measured: Unpack[_Measured],
     ) -> None:
         """Record how the current attempt of ``state`` ended: every recorded trial_start gets its trial_end."""
         self.ledger.append(
@@ -933,7 +972,7 @@ class Master:
                 device=info.get("device", {}),
                 precision=info.get("precision"),
                 init_s=info.get("init_s"),
-                ceiling=info.get("ceiling"),
+                ceiling=_ceiling(info),
                 niceness=info.get("niceness"),
                 decode_threads=info.get("decode_threads"),
                 busy_s=busy,
@@ -947,7 +986,7 @@ class Master:
                     max_s=gaps[-1] if gaps else None,
                     median_s=gaps[len(gaps) // 2] if gaps else None,
                 ),
-                worker_reported=self.worker_stats.get(worker),
+                worker_reported=_reported(self.worker_stats.get(worker)),
                 retired=retired_because,
             )
         )
@@ -1000,7 +1039,26 @@ class Master:
             self._record_worker(worker, retired_because=why)
 
 
-def epoch_record(report: EpochReport, **measured_here: Any) -> EpochRecord:
+class _Comparable(TypedDict, total=False):
+    """An epoch's operations as earlier versions counted them: absent where the family counts no such figure."""
+
+    aiperf_ops: float
+
+
+class _EpochMeasured(_Comparable, total=False):
+    """What the master adds to a worker's epoch report in its record: where, when, and the operations it counted."""
+
+    t: float
+    trial: str
+    attempt: int
+    train_ops: float
+    eval_ops: float
+    ops: float
+    worker: str
+    node: str
+
+
+def epoch_record(report: EpochReport, **measured_here: Unpack[_EpochMeasured]) -> EpochRecord:
     """The worker's epoch report as its ledger record: each field the record declares, copied by name.
 
     ``measured_here`` adds what the master knows (trial, operations, time); a field the report
@@ -1014,6 +1072,18 @@ def epoch_record(report: EpochReport, **measured_here: Any) -> EpochRecord:
 
 
 _WHEN_MEASURED = ("train_tokens", "eval_tokens", "bits_per_byte", "compile_s", "compile_wait_s")
+
+
+def _ceiling(info: WorkerInfo) -> CeilingHeader | None:
+    """The worker's measured ceiling as its record's header (the model the record would validate its dict into)."""
+    ceiling = info.get("ceiling")
+    # json_safe: as the record's own constructor treats the fields it is given (a NaN becomes null).
+    return CeilingHeader.model_validate(json_safe(ceiling)) if ceiling is not None else None
+
+
+def _reported(stats: WorkerStats | None) -> dict[str, object] | None:
+    """The worker's own accounting as its record's ``worker_reported`` (a plain dict, as the record holds it)."""
+    return dict(stats) if stats is not None else None
 
 
 _Message = TypeVar("_Message", EpochReport, TrialDone, BadImagesReport)

@@ -31,7 +31,7 @@ import queue
 import sys
 import threading
 import time
-from typing import Any, TextIO
+from typing import TextIO
 
 from aiperf.ledger.inert import inert_lines
 
@@ -126,7 +126,7 @@ class Output:
 
     def _switch_off(self, exc: BaseException) -> None:
         self.failure = exc
-        stream: Any = self.stream
+        stream: TextIO | None = self.stream
         # The interpreter flushes sys.stdout/sys.stderr once more at exit; a broken pipe there
         # would print "Exception ignored ..." and change the exit status to 120. Point the
         # descriptor at /dev/null so that last flush (of what is still buffered) succeeds.

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiperf.config import Config, config_from_dict
 from aiperf.engine.weights import WeightStore
@@ -35,6 +35,10 @@ from aiperf.ledger.schema import (
 from aiperf.ledger.store import LEDGER_NAME, LedgerStream, cut_torn_tail, iter_ledger
 from nas.errors import NasError
 from nas.proposer import Proposer
+
+if TYPE_CHECKING:
+    from nas.language.search import LMTrialProposal
+    from nas.proposer import TrialProposal
 
 
 class _Facts:
@@ -165,7 +169,7 @@ class ResumePoint:
         return self.last.seq
 
 
-def proposal_from_record(rec: TrialStartRecord, family: str = "image") -> Any:
+def proposal_from_record(rec: TrialStartRecord, family: str = "image") -> TrialProposal | LMTrialProposal:
     """The proposal a trial_start record describes, as the search made it (of the run's family)."""
     from aiperf.families import family_for
 

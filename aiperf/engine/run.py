@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Any, TextIO
 
 from aiperf.config import Config
@@ -68,7 +69,7 @@ class _Signals:
         self._old = signal.signal(signal.SIGTERM, self._handle)
         return self
 
-    def _handle(self, signum: int, frame: Any) -> None:
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.count += 1
         if self.master is not None and self.count == 1:
             self.master.request_stop("terminated (SIGTERM)")

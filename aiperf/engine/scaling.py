@@ -142,7 +142,7 @@ def simulate_run(
     return write_summary(run_dir)
 
 
-def _row(nodes: int, summary: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+def _row(nodes: int, summary: dict[str, Any], run_dir: Path) -> dict[str, object]:
     score = summary["score"]
     return {
         "nodes": nodes,
@@ -159,7 +159,7 @@ def _row(nodes: int, summary: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     }
 
 
-def scaling_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
+def scaling_table(rows: list[dict[str, object]]) -> pd.DataFrame:
     """Rows by node count, with score per node and the efficiency against the smallest size."""
     table = pd.DataFrame(rows).sort_values("nodes").reset_index(drop=True)
     table["ops_per_s_per_node"] = table["ops_per_s"] / table["nodes"]
@@ -169,7 +169,7 @@ def scaling_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
     return table[TABLE_COLUMNS]
 
 
-def _percent(value: Any) -> str:
+def _percent(value: object) -> str:
     return f"{value * 100:.1f}%" if isinstance(value, float) and math.isfinite(value) else "-"
 
 

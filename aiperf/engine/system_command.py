@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from aiperf.errors import AiperfError, os_error
 from aiperf.system.kinds import NodeKind, attach_usage, group_nodes
@@ -21,7 +21,9 @@ if TYPE_CHECKING:
     from aiperf.config import Config
 
 
-def measure_kinds(cfg: Config, address: str | None, declared: dict[str, Any] | None = None) -> list[NodeKind]:
+def measure_kinds(
+    cfg: Config, address: str | None, declared: dict[str, dict[str, float]] | None = None
+) -> list[NodeKind]:
     """The kinds of node the run of ``cfg`` would train on, each with its devices' peaks."""
     from aiperf.cluster.plan import make_plan
     from aiperf.cluster.ray_session import start_ray

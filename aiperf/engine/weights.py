@@ -36,7 +36,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -47,6 +47,9 @@ from aiperf.errors import AiperfError, excerpt, first_line, os_error
 from aiperf.ledger.files import write_atomic
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from aiperf.cluster.node_weights import SentWeights, WeightSource
     from nas.graph import Graph
     from nas.language.spec import TransformerSpec
 
@@ -91,7 +94,7 @@ def weights_bytes(weights: AnyWeights) -> bytes:
     """The ``.npz`` bytes of a weight set: an image set's arrays named ``node:index``, a language
     model's by their own names (:func:`nas.language.spec.init_weights`'s, which hold no ``:``, so
     the two kinds of file never read as each other)."""
-    arrays: dict[str, Any]
+    arrays: dict[str, Any]  # Any: numpy's savez stub types its ** arrays as its own keyword options
     if all(isinstance(k, str) for k in weights):
         bad = next((k for k in weights if not _is_lm_name(str(k))), None)
         if bad is not None:
@@ -182,7 +185,7 @@ def _is_lm_name(name: str) -> bool:
     return 0 < len(name) <= MAX_LM_NAME_CHARS and name.isascii() and name.replace("_", "a").replace(".", "a").isalnum()
 
 
-def _npy_header(fh: Any) -> tuple[tuple[int, ...], np.dtype, int]:
+def _npy_header(fh: IO[bytes]) -> tuple[tuple[int, ...], np.dtype, int]:
     """Shape, dtype and data offset of the ``.npy`` stream ``fh`` (reads its header only; numpy caps it)."""
     version = np.lib.format.read_magic(fh)
     if version == (1, 0):
@@ -360,10 +363,10 @@ class WeightStore:
                 self.directory.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise os_error(exc, self.directory, "create the weights folder") from None
-        self._warned: set[Any] = set()
+        self._warned: set[int | None] = set()  # the errnos already warned about
         self._weights: dict[str, AnyWeights | StoredWeights] = {}
         self._score: dict[str, float] = {}
-        self._refs: dict[str, Any] = {}
+        self._refs: dict[str, SentWeights] = {}
         self._saved: dict[str, SavedFile] = {}
         self._evicted: list[str] = []  # since the last drain_evicted()
         self._written: list[str] = []  # files written since the last drain_saved()
@@ -498,7 +501,7 @@ class WeightStore:
         held = self._weights.get(trial)
         return None if isinstance(held, StoredWeights) else held
 
-    def shared(self, trial: str, put: Any) -> Any:
+    def shared(self, trial: str, put: Callable[[WeightSource], SentWeights]) -> SentWeights:
         """A handle to hand to workers: a set's reference on its node, or one ``put`` of arrays held here."""
         held = self._weights.get(trial)
         if held is None or isinstance(held, StoredWeights):

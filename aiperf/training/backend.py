@@ -23,7 +23,7 @@ import tempfile
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 
@@ -80,7 +80,7 @@ class DeviceInfo:
     cpu_model: str = ""
     extra: dict[str, str | None] = field(default_factory=dict)  # the GPU driver's version
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
 

@@ -21,15 +21,36 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 import numpy as np
 
 if TYPE_CHECKING:
+    import jax
     import keras
+    from jax.stages import Compiled
+    from numpy.typing import DTypeLike
+
+
+class Shaped(Protocol):
+    """An array a step takes, or its abstract stand-in (``jax.ShapeDtypeStruct``): its shape picks the executable."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+
+class Variable(Shaped, Protocol):
+    """A model variable as :func:`_avals` reads it: shape and dtype only."""
+
+    @property
+    def dtype(self) -> DTypeLike: ...
+
+
+StepData = Shaped | tuple[Shaped, ...]  # a step's batch: the examples alone (predict), or (examples, labels)
+StepState = Sequence[object]  # a step's state: the model's variables by role (trainable, non-trainable, ...)
 
 
 @dataclass(frozen=True)
@@ -59,16 +80,16 @@ def ahead_supported(backend: str, data_parallel: int) -> bool:
 class AheadStep:
     """A jitted step and the executables compiled ahead for it, by the shape of the data they take."""
 
-    def __init__(self, fn: Callable[..., Any]) -> None:
+    def __init__(self, fn: Callable[..., object]) -> None:
         import jax
 
         self.jitted = jax.jit(fn, donate_argnums=0)
-        self._compiled: dict[tuple[int, ...], Any] = {}
+        self._compiled: dict[tuple[int, ...], Compiled] = {}
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0  # calls for a shape nobody compiled ahead: Keras's jitted step compiled it in place
 
-    def compile(self, state: Any, data: Any, tracing: AbstractContextManager[object]) -> None:
+    def compile(self, state: StepState, data: StepData, tracing: AbstractContextManager[object]) -> None:
         """Compile for these abstract arguments (``jax.ShapeDtypeStruct`` trees), unless done already.
 
         The trace runs Keras's step code, so it holds ``tracing`` (the trainer's Keras lock); XLA's
@@ -88,7 +109,7 @@ class AheadStep:
         with self._lock:
             return set(self._compiled)
 
-    def __call__(self, state: Any, data: Any) -> Any:
+    def __call__(self, state: StepState, data: StepData) -> object:  # what Keras's step returns, to Keras
         with self._lock:
             compiled = self._compiled.get(_key(data))
         if compiled is not None:
@@ -98,7 +119,7 @@ class AheadStep:
         return self.jitted(state, data)
 
 
-def _key(data: Any) -> tuple[int, ...]:
+def _key(data: StepData) -> tuple[int, ...]:
     """The data's first array's shape: the one thing that differs between a model's compiled steps."""
     first = data[0] if isinstance(data, (tuple, list)) else data
     return tuple(int(n) for n in first.shape)
@@ -117,7 +138,7 @@ class AheadSteps:
         return self.train.misses + self.predict.misses + self.test.misses
 
 
-def _avals(variables: list[Any]) -> list[Any]:
+def _avals(variables: Sequence[Variable]) -> list[jax.ShapeDtypeStruct]:
     import jax
 
     return [jax.ShapeDtypeStruct(tuple(v.shape), np.dtype(v.dtype)) for v in variables]
@@ -137,7 +158,7 @@ def install(model: keras.Model) -> AheadSteps:
         return existing
     train = AheadStep(model.train_step)
 
-    def predict_step(state: Any, data: Any) -> Any:
+    def predict_step(state: StepState, data: StepData) -> tuple[object, tuple[object, object]]:
         outputs, non_trainable_variables = model.predict_step(state, data)
         return outputs, (state[0], non_trainable_variables)
 
@@ -182,7 +203,7 @@ def compile_ahead(
     example = np.dtype(shapes.example_dtype)
     lock = tracing if tracing is not None else contextlib.nullcontext()
 
-    def batch_of(size: int) -> tuple[Any, Any]:
+    def batch_of(size: int) -> tuple[jax.ShapeDtypeStruct, jax.ShapeDtypeStruct]:
         examples = jax.ShapeDtypeStruct((size, *shapes.example_shape), example)
         return examples, jax.ShapeDtypeStruct((size, *shapes.label_shape), label)
 

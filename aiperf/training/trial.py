@@ -9,8 +9,8 @@ weights into the child's (the master never spends CPU on weight surgery).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 
@@ -22,17 +22,32 @@ from nas.serialize import graph_from_dict
 Weights = dict[int, list[np.ndarray]]
 
 
+class TrialSpecDict(TypedDict):
+    """A :class:`TrialSpec` as it crosses to a worker (:meth:`TrialSpec.to_dict`): its fields by name."""
+
+    trial_id: str
+    kind: str
+    graph: dict[str, Any]
+    hparams: dict[str, float]
+    seed: int
+    parent_graph: NotRequired[dict[str, Any] | None]
+    morphs: NotRequired[list[dict[str, Any]]]
+    attempt: NotRequired[int]
+    start_epoch: NotRequired[int]
+    checkpoint_every_epoch: NotRequired[bool]
+
+
 @dataclass
 class TrialSpec:
     """One trial as the worker sees it; plain data with one (dict) serialisation."""
 
     trial_id: str
     kind: str
-    graph: dict[str, Any]
+    graph: dict[str, Any]  # the family's architecture document (nas.serialize.graph_to_dict, TransformerSpec.to_dict)
     hparams: dict[str, float]  # nas.defaults.Hparams: learning_rate, batch_size, ... (ints are whole numbers)
     seed: int
     parent_graph: dict[str, Any] | None = None  # set when weights are inherited
-    morphs: list[dict[str, Any]] = field(default_factory=list)
+    morphs: list[dict[str, Any]] = field(default_factory=list)  # nas.morph.Morph.to_dict() each
     attempt: int = 0
     start_epoch: int = 0  # epochs already completed (re-queued trial resuming from a checkpoint)
     checkpoint_every_epoch: bool = True
@@ -41,14 +56,25 @@ class TrialSpec:
     def epochs(self) -> int:
         return int(self.hparams["epochs"])
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> TrialSpecDict:
         """The fields as they are, not deep-copied: the master builds every spec afresh, and
         ``dataclasses.asdict``'s recursive copy of the graphs was a noticeable share of its time with
-        thousands of workers (benchmarks/RESULTS.md)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        thousands of workers (benchmarks/RESULTS.md). Every field, in the order they are declared."""
+        return {
+            "trial_id": self.trial_id,
+            "kind": self.kind,
+            "graph": self.graph,
+            "hparams": self.hparams,
+            "seed": self.seed,
+            "parent_graph": self.parent_graph,
+            "morphs": self.morphs,
+            "attempt": self.attempt,
+            "start_epoch": self.start_epoch,
+            "checkpoint_every_epoch": self.checkpoint_every_epoch,
+        }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TrialSpec:
+    def from_dict(cls, data: TrialSpecDict) -> TrialSpec:
         return cls(**data)
 
     def architecture(self) -> Graph:

@@ -163,6 +163,17 @@ def test_a_set_its_keeper_did_not_give_is_lost_and_its_child_starts_fresh():
     assert start.parent is None and start.spec.parent_graph is None and "fresh initialisation" in start.fallback
 
 
+def test_a_set_the_master_put_in_the_object_store_is_fetched_when_it_arrives_nested_in_a_batch(local_ray):
+    # A node agent's call carries its trials' weights inside a list, where Ray resolves no reference:
+    # the master's arrays (read back on --resume) reach the agent as an ObjectRef, not as arrays.
+    weights = {1: [np.full((2, 2), 3.0, np.float32)]}
+    start = resolve_start(
+        _spec(parent_graph={"nodes": []}, morphs=[{"op": "deeper"}]), parent=ray.put(weights), resume=None
+    )
+    assert isinstance(start.parent, dict) and start.inherited and start.fallback == ""
+    np.testing.assert_array_equal(start.parent[1][0], weights[1][0])
+
+
 def test_arrays_sent_as_they_are_need_no_fetch():
     weights = {1: [np.ones((2, 2), np.float32)]}
     start = resolve_start(_spec(parent_graph={"nodes": []}, morphs=[{"op": "deeper"}]), parent=weights, resume=None)
