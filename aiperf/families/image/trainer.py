@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from aiperf.config import DatasetConfig, ModelConfig, TrainConfig
 from aiperf.datasets.bad_images import bad_image_limit, largest_full_batch, too_many_bad_images
 from aiperf.datasets.base import Dataset
 from aiperf.errors import AiperfError
@@ -56,23 +57,31 @@ if TYPE_CHECKING:
 ACTIVATION_MEMORY_FRACTION = 0.6
 
 
+# The config's defaults: a trainer made without a config (tests, benchmarks) trains as a default run's workers do.
+_TRAIN, _MODEL, _DATASET = TrainConfig(), ModelConfig(), DatasetConfig()
+
+
 @dataclass(frozen=True)
 class TrainerSettings:
-    """How this worker trains: fixed for its lifetime, chosen from the device it runs on."""
+    """How this worker trains: fixed for its lifetime, chosen from the device it runs on.
 
-    precision: str = "float32"
-    jit_compile: bool | str = False
-    bn_momentum: float = 0.9
-    momentum: float = 0.9
-    eval_batch_size: int = 512
-    max_batch_size: int = 4096
+    A run's workers fill every field from the run's config (:func:`aiperf.cluster.worker.trainer_settings`);
+    the defaults of the fields a config sets are the config's own, so the two cannot drift apart.
+    """
+
+    precision: str = "float32"  # the worker's resolved dtype policy (model.precision "auto" on a CPU)
+    jit_compile: bool | str = False  # resolved from model.jit_compile for the worker's backend and device
+    bn_momentum: float = _MODEL.bn_momentum
+    momentum: float = _TRAIN.momentum
+    eval_batch_size: int = _TRAIN.eval_batch_size
+    max_batch_size: int = _TRAIN.max_batch_size
     device_memory_bytes: int = 0  # 0: no device memory bound (CPU)
     data_parallel: int = 1  # devices one trial trains on (per_node placement); batch sizes are per device
-    decode_threads: int = 1  # streamed input: tf.data decode threads
-    max_bad_fraction: float = 0.001  # undecodable images allowed, as a share of the dataset
-    shuffle_buffer: int = 8192  # streamed TFRecord shards: records in the shuffle buffer
-    compiled_models: int = 4  # architectures kept compiled for later trials (0: build every trial afresh)
-    compile_ahead: bool = True  # compile a queued trial's steps while the one before trains (JAX, one device)
+    decode_threads: int = 1  # streamed input: tf.data decode threads (dataset.decode_threads "auto": the slot's)
+    max_bad_fraction: float = _DATASET.max_bad_fraction  # undecodable images allowed, as a share of the dataset
+    shuffle_buffer: int = _DATASET.shuffle_buffer  # streamed TFRecord shards: records in the shuffle buffer
+    compiled_models: int = _TRAIN.compiled_models  # architectures kept compiled for later trials (0: none)
+    compile_ahead: bool = _TRAIN.compile_ahead  # compile a queued trial's steps while the one before trains
 
 
 def batch_limit(activation_bytes_per_image: float, device_memory_bytes: int, max_batch: int) -> int:

@@ -212,3 +212,17 @@ def test_compilation_is_the_first_step_beyond_an_ordinary_step_of_its_epoch():
     # The first evaluation traces the predict step: its excess over the trial's later evaluations.
     assert eval_compile_overhead([0.66, 0.34, 0.35]) == pytest.approx(0.32)
     assert eval_compile_overhead([0.3, 0.34]) == 0.0 and eval_compile_overhead([0.66]) == 0.0
+
+
+def test_a_trainer_made_without_a_config_trains_with_the_config_s_defaults():
+    """One source per default: a trainer a test or benchmark makes bare trains as a default run's workers do
+    (its maximum batch was 4,096 against the config's 512)."""
+    from aiperf.cluster.worker import WorkerSettings, trainer_settings
+    from aiperf.config import load_config
+    from aiperf.training.backend import DeviceInfo
+
+    bare = TrainerSettings()
+    workers = trainer_settings(WorkerSettings.from_config(load_config("default")), DeviceInfo("cpu", "a CPU"))
+    for name in ("bn_momentum", "momentum", "eval_batch_size", "max_batch_size", "max_bad_fraction",
+                 "shuffle_buffer", "compiled_models", "compile_ahead"):  # fmt: skip
+        assert getattr(bare, name) == getattr(workers, name), name
