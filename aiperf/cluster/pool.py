@@ -61,6 +61,7 @@ MAX_START_ATTEMPTS = 3
 PING_AFTER_S = 10.0  # a ready worker holding a trial that said nothing this long is asked whether it is alive
 UNRESPONSIVE_S = 60.0  # ... one that answered nothing this long is lost as unresponsive (its trial re-queued)
 FINAL_ANSWER_S = 5.0  # at the run's end, each worker holding a trial must answer within this
+FINAL_STATS_S = 5.0  # ... and the idle workers' final statistics are waited for this long
 AGENT_SPARE_THREADS = 4  # a node agent's threads beyond those its slots need (queued trials, start, a question)
 KEEPER_THREADS = 4  # a node's weight keeper copies this many sets at once (its node's workers hand them in)
 
@@ -142,8 +143,8 @@ class WorkerPool(ABC):
         """What the worker said about itself (node, device, precision); empty until ready."""
 
     @abstractmethod
-    def retire_all(self) -> Retirement:
-        """Stop all work; each reachable worker's final stats, and the workers found dead."""
+    def retire_all(self, wait_s: float = FINAL_STATS_S) -> Retirement:
+        """Stop all work; each reachable worker's final stats (waited for ``wait_s``), and the workers found dead."""
 
     def put(self, value: WeightSource) -> SentWeights:
         """Hand a large value (weights) to the pool once so several submissions can share it."""
@@ -927,7 +928,7 @@ class RayWorkerPool(WorkerPool):
         events.append(PoolEvent(item.kind, w.worker_id, task.trial, task.attempt, report=item, started=task.started))
         return item.kind is EventKind.DONE
 
-    def retire_all(self) -> Retirement:
+    def retire_all(self, wait_s: float = FINAL_STATS_S) -> Retirement:
         ray = self._ray
         self._flush()
         if self._watch is not None:
@@ -937,7 +938,7 @@ class RayWorkerPool(WorkerPool):
         alive = [w for w in self._workers.values() if w.alive]
         refs = {w.worker_id: w.agent.stats() if w.agent else w.actor.stats.remote() for w in alive if not w.tasks}
         if refs:
-            ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=5)
+            ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=wait_s)
             for wid, ref in refs.items():
                 if ref in ready:
                     try:

@@ -517,7 +517,7 @@ class SimulatedWorkerPool(WorkerPool):
             "init_s": 0.0,
         }
 
-    def retire_all(self) -> Retirement:
+    def retire_all(self, wait_s: float = 0.0) -> Retirement:
         self._flush()
         for w in self._workers.values():
             w.alive = False

@@ -41,7 +41,7 @@ from aiperf.cluster.messages import (
     WorkerInfo,
     WorkerStats,
 )
-from aiperf.cluster.pool import FINAL_ANSWER_S, PoolEvent, WorkerPool
+from aiperf.cluster.pool import FINAL_ANSWER_S, FINAL_STATS_S, PoolEvent, WorkerPool
 from aiperf.datasets.bad_images import over_limit, skipped_note, too_many_bad_images
 from aiperf.engine.progress import Progress
 from aiperf.engine.weights import SavedFile, WeightStore
@@ -86,6 +86,11 @@ MAX_UNSYNCED_S = 1.0
 # The most the run's end waits for the kept weight sets still being collected from their nodes (each is
 # collected as its trial ends, so only the last few remain; one not collected by then gets no file).
 COLLECT_AT_END_S = 5.0
+# ... and when a signal stopped the run (scancel, a job's time limit): the job's Ray processes stop with the
+# master, those of its own node within seconds, and the master's process goes with its raylet. Its end then
+# asks nothing it would wait for: no worker is asked whether it answers, no final statistics are waited for,
+# and the kept sets still being collected get this long.
+COLLECT_ON_SIGNAL_S = 1.0
 # From this many workers waiting for their first trial on, no trial is held for another worker (_next_for):
 # holding saves one compile on a busy worker, and each of the waiting ones waits a proposal more for it.
 HOLD_WAITING_LIMIT = 1024
@@ -998,16 +1003,17 @@ class Master:
     def _close_all(self) -> None:
         # Whose worker still answers decides how a trial it was training ends: stopped by the end of
         # the run, or unresponsive (its worker stopped answering). Either way its completed epochs count.
-        silent = self.pool.unresponsive(FINAL_ANSWER_S) if self.active else {}
+        signalled = self.stop_requested is not None
+        silent = self.pool.unresponsive(FINAL_ANSWER_S) if self.active and not signalled else {}
         now = self.clock()
         for state in [*self.active.values(), *self.retry_queue]:
             if state.recorded:
                 status = TrialStatus.STOPPED
                 if not state.started:
                     reason = "the run ended before its re-queued attempt could start; its completed epochs are counted"
-                elif state.worker in silent and self.stop_requested is not None:
+                elif signalled:
                     # A scheduler ending the job (scancel, a time limit) signals the workers with the master:
-                    # one that no longer answers was stopped with the run, not found unresponsive.
+                    # they are stopped with the run, not asked (the answer would come too late to matter).
                     reason = (
                         f"the run was stopped ({self.stop_requested}) and its worker with it; its completed epochs"
                         " are counted, its unfinished epoch is not"
@@ -1026,12 +1032,12 @@ class Master:
         self.active.clear()
         self.retry_queue.clear()
         # The kept sets' files are collected from their nodes before the workers and keepers go.
-        self._record_saved(self.weights.finish(COLLECT_AT_END_S), self.clock())
-        final = self.pool.retire_all()
+        self._record_saved(self.weights.finish(COLLECT_ON_SIGNAL_S if signalled else COLLECT_AT_END_S), self.clock())
+        final = self.pool.retire_all(wait_s=0.0 if signalled else FINAL_STATS_S)
         self.worker_stats.update(final.stats)
         for worker in self.worker_ready_t:
-            if worker in silent and self.stop_requested is not None:
-                why = f"stopped with the run ({self.stop_requested}): no answer at its end"
+            if signalled and worker not in final.lost:
+                why = f"stopped with the run ({self.stop_requested})"
             elif worker in silent:
                 why = f"unresponsive at the run's end: {silent[worker]}"
             else:
