@@ -14,7 +14,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Literal, TextIO, TypedDict
 
 from aiperf import cli_limits as limits
 from aiperf.config import MAX_SEED, Config
@@ -24,8 +24,20 @@ from aiperf.ledger.inert import inert
 from aiperf.metrics.repeats import Spread, format_spread, spread
 from aiperf.metrics.score import format_ops
 
+if TYPE_CHECKING:
+    from aiperf.results.summary_model import RunSummary
+
 MAX_REPEATS = limits.REPEAT.high
-FIGURES = ("ops_per_s", "regulated", "best_val_acc")
+Figure = Literal["ops_per_s", "regulated", "best_val_acc"]  # keys of the summary's score section
+FIGURES: tuple[Figure, ...] = ("ops_per_s", "regulated", "best_val_acc")
+
+
+class _Done(TypedDict):
+    """One run of the repetition, as it ended."""
+
+    seed: int
+    run_dir: str
+    summary: RunSummary
 
 
 def repeat_seeds(cfg: Config, count: int) -> list[int]:
@@ -39,11 +51,11 @@ def repeat_seeds(cfg: Config, count: int) -> list[int]:
     return [cfg.run.seed + k for k in range(count)]
 
 
-def combine(summaries: list[dict[str, Any]]) -> dict[str, Spread]:
+def combine(summaries: list[RunSummary]) -> dict[str, Spread]:
     """The spread of each figure over the runs that have it."""
-    out = {}
+    out: dict[str, Spread] = {}
     for figure in FIGURES:
-        values = [s["score"][figure] for s in summaries if s["score"].get(figure) is not None]
+        values = [value for s in summaries if (value := s["score"].get(figure)) is not None]
         if values:
             out[figure] = spread(values)
     return out
@@ -72,7 +84,7 @@ def run_repeated(cfg: Config, count: int, address: str | None, out: TextIO | Non
 
     out = out or sys.stdout
     seeds = repeat_seeds(cfg, count)
-    done: list[dict[str, Any]] = []
+    done: list[_Done] = []
     record: Path | None = None
     code = 0
     for seed in seeds:
@@ -95,7 +107,7 @@ def run_repeated(cfg: Config, count: int, address: str | None, out: TextIO | Non
     return code
 
 
-def _save(path: Path, cfg: Config, done: list[dict[str, Any]]) -> None:
+def _save(path: Path, cfg: Config, done: list[_Done]) -> None:
     completed = [d["summary"] for d in done if d["summary"].get("status") == "completed"]
     document = {
         "name": cfg.run.name,

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from aiperf.engine.weights import AnyWeights
     from aiperf.families.language.data import LanguageData
     from aiperf.ledger.runlock import RunLock
+    from aiperf.results.summary_model import RunSummary
     from aiperf.sampling.telemetry import TelemetryRecorder
     from nas.graph import Graph
     from nas.proposer import Proposer
@@ -118,7 +119,7 @@ def run_benchmark(
     out: TextIO | Output | None = None,
     resume_dir: str | Path | None = None,
     err: TextIO | Output | None = None,
-) -> tuple[Path, dict[str, Any]]:
+) -> tuple[Path, RunSummary]:
     """Run (or resume) the benchmark; returns the run directory and its summary.
 
     The run directory is locked for the master's lifetime (:mod:`aiperf.ledger.runlock`);
@@ -167,7 +168,7 @@ def _run(
     run_dir: Path | None,
     previous: Records,
     locks: list[RunLock],
-) -> tuple[Path, dict[str, Any]]:
+) -> tuple[Path, RunSummary]:
     """The run itself; a new run's directory is created and locked here (its lock appended to ``locks``)."""
     from aiperf.cluster.ray_session import start_ray
     from aiperf.results.summary import build_summary, format_summary, save_summary

@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -34,6 +34,9 @@ from aiperf.config import Config, load_config
 from aiperf.errors import AiperfError
 from aiperf.metrics.score import format_ops
 from nas.graph import Graph
+
+if TYPE_CHECKING:
+    from aiperf.results.summary_model import RunSummary
 
 TABLE_COLUMNS = [
     "nodes",
@@ -69,7 +72,7 @@ def simulate_run(
     seed_graph: Graph,
     dataset: dict[str, Any],
     sim: SimulationSettings | None = None,
-) -> dict[str, Any]:
+) -> RunSummary:
     """One simulated run on ``nodes`` nodes into ``run_dir``; returns its summary.
 
     ``dataset`` is the dataset's ledger description (``Dataset.describe()`` plus
@@ -142,7 +145,7 @@ def simulate_run(
     return write_summary(run_dir)
 
 
-def _row(nodes: int, summary: dict[str, Any], run_dir: Path) -> dict[str, object]:
+def _row(nodes: int, summary: RunSummary, run_dir: Path) -> dict[str, object]:
     score = summary["score"]
     return {
         "nodes": nodes,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from array import array
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TypedDict
 
 import numpy as np
@@ -53,8 +53,40 @@ class Score:
     trials_completed: int
     trials_started: int
 
-    def to_dict(self) -> dict[str, float | None]:  # ints among them (epochs, trials)
-        return asdict(self)
+    def to_dict(self) -> ScoreDict:
+        return {
+            "total_ops": self.total_ops,
+            "train_ops": self.train_ops,
+            "eval_ops": self.eval_ops,
+            "aiperf_ops": self.aiperf_ops,
+            "wall_s": self.wall_s,
+            "ops_per_s": self.ops_per_s,
+            "best_val_acc": self.best_val_acc,
+            "quality": self.quality,
+            "regulated": self.regulated,
+            "aiperf_regulated": self.aiperf_regulated,
+            "epochs": self.epochs,
+            "trials_completed": self.trials_completed,
+            "trials_started": self.trials_started,
+        }
+
+
+class ScoreDict(TypedDict):
+    """A :class:`Score` as the summary holds it (its fields, in their order)."""
+
+    total_ops: float
+    train_ops: float
+    eval_ops: float
+    aiperf_ops: float
+    wall_s: float
+    ops_per_s: float
+    best_val_acc: float | None
+    quality: float
+    regulated: float
+    aiperf_regulated: float
+    epochs: int
+    trials_completed: int
+    trials_started: int
 
 
 class TimelinePoint(TypedDict):

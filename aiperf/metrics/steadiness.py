@@ -15,7 +15,8 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from typing import TypedDict
 
 from aiperf.ledger.schema import EpochRecord, Record, of_type
 
@@ -36,8 +37,30 @@ class Steadiness:
     window_cv: float  # coefficient of variation of the steady windows' rates
     half_width: float  # 95 % half-width of the steady mean, relative (Student t over the windows)
 
-    def to_dict(self) -> dict[str, float | int]:
-        return asdict(self)
+    def to_dict(self) -> SteadinessDict:
+        return {
+            "window_s": self.window_s,
+            "windows": self.windows,
+            "startup_ops_per_s": self.startup_ops_per_s,
+            "steady_ops_per_s": self.steady_ops_per_s,
+            "window_min_ops_per_s": self.window_min_ops_per_s,
+            "window_max_ops_per_s": self.window_max_ops_per_s,
+            "window_cv": self.window_cv,
+            "half_width": self.half_width,
+        }
+
+
+class SteadinessDict(TypedDict):
+    """A :class:`Steadiness` as the summary's ``steadiness`` section holds it (its fields, in their order)."""
+
+    window_s: float
+    windows: int
+    startup_ops_per_s: float
+    steady_ops_per_s: float
+    window_min_ops_per_s: float
+    window_max_ops_per_s: float
+    window_cv: float
+    half_width: float
 
 
 def _busy_interval(epoch: EpochRecord) -> tuple[float, float]:

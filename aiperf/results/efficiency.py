@@ -11,7 +11,7 @@ the efficiency); the section says which device lacks it (docs/system.md).
 from __future__ import annotations
 
 from collections import Counter
-from typing import TypedDict
+from typing import NotRequired, TypedDict
 
 from aiperf.ledger.schema import (
     EpochRecord,
@@ -57,6 +57,9 @@ class EfficiencySummary(TypedDict):
     ops_over_ceiling: float | None
     by_device: list[DeviceEfficiency]
     notes: list[str]
+    # OPS over slots x the steady device rate, where the summary has a device_time section
+    # (aiperf.results.device_time.engine_efficiency; absent before 2026-12-07).
+    engine: NotRequired[float | None]
 
 
 def _ratio(ops: float, reference: float | None) -> float | None:

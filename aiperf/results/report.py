@@ -14,7 +14,7 @@ import json
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Literal
 
 import pandas as pd
 
@@ -25,9 +25,12 @@ from aiperf.ledger.schema import Record, RunStartRecord
 from aiperf.ledger.store import LEDGER_NAME, iter_ledger
 from aiperf.metrics.rules import VerdictDict
 from aiperf.metrics.score import format_ops, format_percent, score_timeline
+from aiperf.metrics.steadiness import SteadinessDict
 from aiperf.results import plots
+from aiperf.results.efficiency import EfficiencySummary
 from aiperf.results.size_pace import format_size_pace
 from aiperf.results.summary import RunDigest, build_summary, format_rate, format_telemetry
+from aiperf.results.summary_model import RunSummary
 from aiperf.results.tables import RunResults, load
 from aiperf.sampling.energy import joules_text
 from nas.schedule import SizeSchedule
@@ -176,7 +179,7 @@ def _verdict_class(verdict: VerdictDict) -> str:
     return "valid" if verdict["official"] else "unofficial"
 
 
-def _steadiness_card(steady: Mapping[str, float] | None) -> tuple[str, str, str, str]:
+def _steadiness_card(steady: SteadinessDict | None) -> tuple[str, str, str, str]:
     """The run's own spread: the steady part's OPS with its 95 % interval (summaries before it: none)."""
     if not steady:
         return ("", "steady OPS", "-", "too few epochs to tell")
@@ -189,23 +192,24 @@ def _steadiness_card(steady: Mapping[str, float] | None) -> tuple[str, str, str,
     )
 
 
-def _efficiency_card(e: dict[str, Any] | None) -> tuple[str, str, str, str]:
+def _efficiency_card(e: EfficiencySummary | None) -> tuple[str, str, str, str]:
     """OPS against Rpeak and against the measured matmul ceiling (docs/system.md); "-" where unknown."""
     if not e:
         return ("", "efficiency", "-", "not recorded (a summary from before 2026-11-25)")
     peak = f"{format_percent(e['ops_over_rpeak'])} of Rpeak" if e.get("ops_over_rpeak") is not None else "Rpeak unknown"
-    ceiling = e.get("ops_over_ceiling")
+    ceiling, ceiling_flops = e.get("ops_over_ceiling"), e.get("ceiling_flops")
     note = (
-        f"{format_percent(ceiling)} of the measured ceiling {format_ops(e['ceiling_flops'], 'FLOP/s')}"
-        if ceiling is not None
+        f"{format_percent(ceiling)} of the measured ceiling {format_ops(ceiling_flops, 'FLOP/s')}"
+        if ceiling is not None and ceiling_flops is not None  # a ratio to the ceiling has its ceiling
         else "ceiling not measured"
     )
-    if e.get("rpeak_flops"):
-        note += f"; Rpeak {format_ops(e['rpeak_flops'], 'FLOP/s')} ({', '.join(e.get('rpeak_sources') or [])}, dense)"
+    rpeak = e.get("rpeak_flops")
+    if rpeak:
+        note += f"; Rpeak {format_ops(rpeak, 'FLOP/s')} ({', '.join(e.get('rpeak_sources') or [])}, dense)"
     return ("", "OPS / Rpeak", peak, note)
 
 
-def _efficiency_section(summary: dict[str, Any]) -> str:
+def _efficiency_section(summary: RunSummary) -> str:
     """Per kind of device: its devices, Rpeak (with its source), measured ceiling and both ratios."""
     e = summary.get("efficiency")
     if not e or not e.get("by_device"):
@@ -234,7 +238,7 @@ def _efficiency_section(summary: dict[str, Any]) -> str:
     return '<h2 id="efficiency">Efficiency</h2>' + notes + _table(headers, rows) + references
 
 
-def _language_cards(summary: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+def _language_cards(summary: RunSummary) -> list[tuple[str, str, str, str]]:
     """A language run's cards beside OPS: tokens per second over the score's duration, AIPerf's count
     (none: it counts images), and the best bits per byte with the quality they give."""
     s, language = summary["score"], summary["language"]
@@ -260,7 +264,7 @@ def _language_cards(summary: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     ]
 
 
-def _headline(summary: dict[str, Any]) -> str:
+def _headline(summary: RunSummary) -> str:
     s, v = summary["score"], summary["verdict"]
     acc = s.get("best_val_acc")
     language = summary.get("language") is not None
@@ -338,7 +342,7 @@ def run_rate(summary: Mapping[str, object]) -> tuple[float, float, int] | None:
     return float(wall), float(ops), nodes
 
 
-def _plots(results: RunResults, summary: dict[str, Any]) -> str:
+def _plots(results: RunResults, summary: RunSummary) -> str:
     timeline = results.timeline or score_timeline(results.records)
     hosts = _hostnames(results.header)
     language = _language(results)
@@ -470,7 +474,7 @@ def _top_architectures(results: RunResults) -> str:
     return note + _trials_table(trials, _IMAGE_COLUMNS)
 
 
-def _input_section(summary: dict[str, Any]) -> str:
+def _input_section(summary: RunSummary) -> str:
     """How the images reached the trainers: storage, time spent waiting for input, skipped images."""
     inp, bad = summary.get("input") or {}, summary.get("bad_images") or {}
     if not inp:
@@ -509,7 +513,7 @@ def _input_section(summary: dict[str, Any]) -> str:
     )
 
 
-def _energy_section(summary: dict[str, Any]) -> str:
+def _energy_section(summary: RunSummary) -> str:
     """Energy: OPS per watt with its methodology level, what it covers and from which sources, or "not measured"."""
     energy = summary.get("energy")
     if not energy:
@@ -519,9 +523,9 @@ def _energy_section(summary: dict[str, Any]) -> str:
         return f'<h2 id="energy">Energy: not measured</h2><p class="sub">{_e(energy.get("headline"))}</p>' + (
             _pairs(rows) if rows else ""
         )
-    per_op = energy.get("joules_per_op")
+    per_op, per_watt, joules = energy.get("joules_per_op"), energy.get("ops_per_watt"), energy.get("energy_j")
     items = [
-        ("OPS per watt", format_ops(energy["ops_per_watt"], "OPS/W") if energy.get("ops_per_watt") else "-"),
+        ("OPS per watt", format_ops(per_watt, "OPS/W") if per_watt else "-"),
         ("energy per counted operation", joules_text(per_op) if per_op is not None else "-"),
         ("methodology level", f"{energy.get('level_text')} (EEHPC WG power measurement methodology, v2.0 RC 1.0)"),
         ("covers", energy.get("covers_text")),
@@ -533,7 +537,10 @@ def _energy_section(summary: dict[str, Any]) -> str:
             + (" (power extrapolated to all)" if energy.get("extrapolated") else ""),
         ),
         ("mean power", f"{energy['power_w']:.1f} W" if energy.get("power_w") is not None else "-"),
-        ("energy metered", f"{format_ops(energy['energy_j'], 'J')} over {energy.get('span_s') or 0:.0f} s"),
+        (  # a measured section always has its energy
+            "energy metered",
+            f"{format_ops(joules, 'J') if joules is not None else '-'} over {energy.get('span_s') or 0:.0f} s",
+        ),
     ]
     aspects = [
         f"<tr><td>{_e(name.replace('_', ' '))}</td><td>{_e(a.get('level') or 'below 1')}</td>"
@@ -559,7 +566,7 @@ def _energy_section(summary: dict[str, Any]) -> str:
     )
 
 
-def _system(header: RunStartRecord, summary: dict[str, Any]) -> str:
+def _system(header: RunStartRecord, summary: RunSummary) -> str:
     plan = header.plan
     nodes = [
         f"<tr><td>{_e(n.hostname or n.node_id[:12])}</td>{_num(n.cpus, '{:g}')}"
@@ -679,7 +686,14 @@ def _audit_section(run_dir: str | Path, records: list[Record]) -> str:
     )
 
 
-DEVICE_TIME_PARTS = (
+# (the share's key in device_time.fractions, its seconds' key in device_time, label, what it holds)
+_DeviceTimePart = tuple[
+    str,
+    Literal["steady_s", "compile_critical_s", "data_wait_s", "between_trials_s", "idle_s", "starting_s"],
+    str,
+    str,
+]
+DEVICE_TIME_PARTS: tuple[_DeviceTimePart, ...] = (
     (
         "steady",
         "steady_s",
@@ -694,7 +708,7 @@ DEVICE_TIME_PARTS = (
 )
 
 
-def _device_time_section(summary: dict[str, Any]) -> str:
+def _device_time_section(summary: RunSummary) -> str:
     """Where the slots' time went (aiperf.results.device_time) and the engine's efficiency (from 2026-12-07)."""
     section = summary.get("device_time")
     if not section:
@@ -721,7 +735,7 @@ def _device_time_section(summary: dict[str, Any]) -> str:
     )
 
 
-def render_report(results: RunResults, summary: dict[str, Any], run_dir: str | Path = "") -> str:
+def render_report(results: RunResults, summary: RunSummary, run_dir: str | Path = "") -> str:
     """The page as a string."""
     header = results.header
     generated = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")

@@ -7,16 +7,18 @@ additions from outside the ledger are the ``telemetry`` section (utilisation) an
 computed from ``telemetry.jsonl`` when the run recorded one; they never enter the score,
 but telemetry can add notes to the verdict (a machine shared with other work, see
 :func:`aiperf.sampling.telemetry.shared_machine_notes`).
+
+The summary's shape, key by key, is :class:`aiperf.results.summary_model.RunSummary`
+(:class:`~aiperf.results.summary_model.DigestSummary` before telemetry and energy are added).
 """
 
 from __future__ import annotations
 
 import json
 from array import array
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, NotRequired, TypedDict
 
 from aiperf.errors import AiperfError, os_error
 from aiperf.ledger.files import write_atomic
@@ -38,7 +40,7 @@ from aiperf.ledger.schema import (
 from aiperf.ledger.store import LEDGER_NAME, iter_ledger
 from aiperf.metrics.rules import evaluate_rules
 from aiperf.metrics.score import Score, ScoreTally, format_ops
-from aiperf.metrics.steadiness import spread_rates, steadiness_of
+from aiperf.metrics.steadiness import SteadinessDict, spread_rates, steadiness_of
 from aiperf.results.device_time import (
     DeviceTime,
     compile_critical_fraction,
@@ -47,6 +49,18 @@ from aiperf.results.device_time import (
 )
 from aiperf.results.efficiency import NodeEpochs, efficiency_of, format_efficiency
 from aiperf.results.size_pace import SizePace, format_size_pace
+from aiperf.results.summary_model import (
+    BadImagesSummary,
+    BestTrial,
+    DigestSummary,
+    InputSummary,
+    LanguageSummary,
+    PlannedNodes,
+    RunSummary,
+    StartFailures,
+    WorkerLife,
+    WorkersSummary,
+)
 from aiperf.sampling.energy import (
     EnergySummary,
     TelemetrySample,
@@ -85,93 +99,6 @@ def language_quality(bits_per_byte: float) -> float:
 def is_language(start: RunStartRecord) -> bool:
     """Whether a run trains language models (``run_start.family``; ledgers before it are image runs)."""
     return start.family == "language"
-
-
-class LanguageSummary(TypedDict):
-    """The summary's ``language`` section (a language run's only): tokens and bits per byte."""
-
-    tokens: int  # training tokens of the counted epochs
-    eval_tokens: int  # validation tokens of the counted epochs
-    tokens_per_s: float  # tokens / the score's duration (score.wall_s, the run's recorded end)
-    best_bits_per_byte: float | None  # the lowest validation bits per byte of any counted epoch
-    best_bits_per_byte_trial: str | None
-    best_bits_per_byte_epoch: int | None
-
-
-class WorkerLife(TypedDict):
-    """One worker's life as its last ``worker`` record states it."""
-
-    node: str | None
-    busy_fraction: float | None
-    busy_s: float | None
-    compile_s: float | None
-    alive_s: float | None
-    idle_gap_mean_s: float | None
-
-
-class WorkersSummary(TypedDict):
-    """The summary's ``workers`` section."""
-
-    count: int
-    busy_fraction_mean: float | None
-    busy_fraction_min: float | None
-    steady_busy_fraction_mean: float | None
-    idle_gap_mean_s: float | None
-    trials_step_reused: int
-    trials_step_known: int
-    per_worker: dict[str, WorkerLife]
-
-
-class InputSummary(TypedDict):
-    """The summary's ``input`` section: how long the training loops waited for input."""
-
-    storage: str
-    epochs_measured: int
-    data_wait_s: float
-    train_s: float
-    wait_fraction: float | None
-    per_worker_wait_fraction: dict[str, float | None]
-    starved_workers: list[str]
-    starved_threshold: float
-    decode_threads: list[int]
-
-
-class BadImagesSummary(TypedDict):
-    """The summary's ``bad_images`` section: images skipped because they could not be decoded."""
-
-    count: int
-    fraction: float | None
-    files: list[str]  # the first 20
-    max_fraction: float | None
-    missing: int  # of count: files deleted since the run began (the rest could not be decoded)
-
-
-class StartFailure(TypedDict):
-    worker: str
-    hostname: str | None
-    node: str | None
-    cause: str
-
-
-class StartFailures(TypedDict):
-    """The summary's ``worker_start_failures`` section."""
-
-    count: int
-    first: StartFailure | None
-
-
-class DeviceSummary(TypedDict):
-    """The summary's ``devices`` section."""
-
-    nodes: int  # at the run's start
-    planned_nodes: NotRequired[int]  # the nodes the job was given (cluster.planned_nodes), where stated
-    trained_nodes: NotRequired[int]  # the nodes trials started on, where a plan is stated
-    cpus: float
-    gpus: float
-    accelerators: list[str]
-    concurrency: int | None
-    placement: str | None
-    workers_by_device: dict[str, int]  # "kind: name" -> workers
 
 
 class _Workers:
@@ -407,7 +334,7 @@ class RunDigest:
         end = self.last_run if isinstance(self.last_run, RunStopRecord) else None  # the recorded end
         return replace(self.tally.score(end), trials_completed=self.completed, trials_started=self.started)
 
-    def _best_trial(self) -> dict[str, object] | None:
+    def _best_trial(self) -> BestTrial | None:
         best = self.best_epoch
         if best is None:
             return None
@@ -420,7 +347,7 @@ class RunDigest:
         if info is None:
             raise AiperfError(f"the ledger's best epoch (seq {best.seq}) belongs to a trial that never started")
         arch_id, params, kind, lineage, train_per_example = info
-        out: dict[str, object] = {
+        out: BestTrial = {
             "trial": best.trial,
             "epoch": best.epoch,
             "val_acc": best.val_acc,
@@ -430,7 +357,8 @@ class RunDigest:
             "lineage": lineage,
         }
         if self.language:
-            out.update(flops_train_per_token=train_per_example, bits_per_byte=best.bits_per_byte)
+            out["flops_train_per_token"] = train_per_example
+            out["bits_per_byte"] = best.bits_per_byte
         else:
             out["flops_train_per_image"] = train_per_example
         return out
@@ -447,14 +375,14 @@ class RunDigest:
             "best_bits_per_byte_epoch": best[2] if best is not None else None,
         }
 
-    def _planned_nodes(self, planned: int | None) -> dict[str, int]:
+    def _planned_nodes(self, planned: int | None) -> PlannedNodes:
         """The nodes the job was given and those trials ran on, where the run states a plan.
 
         Absent otherwise, so a summary.json written before 2026-12-07 still matches its recomputation.
         """
         return {} if planned is None else {"planned_nodes": planned, "trained_nodes": len(self.trained_nodes)}
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> DigestSummary:
         """Everything the run claims: what :func:`summarize` returns for the records added."""
         start, workers = self.start, self.workers
         if start is None or workers is None:
@@ -468,7 +396,7 @@ class RunDigest:
         steady = steadiness_of(width, rates, self.epochs)
         stop = self.stop
         dataset, plan = start.dataset, start.plan
-        summary: dict[str, Any] = {
+        summary: DigestSummary = {
             "run_id": start.run_id,
             "name": start.config.run.name,
             "status": stop.status.value if stop else "running or killed",
@@ -523,17 +451,16 @@ class RunDigest:
             summary["size_pace"] = pace
         if self.language:  # an image run's summary keeps exactly its keys (published summaries still verify)
             summary["family"] = "language"
-            summary["dataset"].update(
-                train_tokens=dataset.train_tokens,
-                eval_tokens=dataset.eval_tokens,
-                vocab_size=dataset.vocab_size,
-                tokenizer=dataset.tokenizer,
-                bytes_per_token=dataset.bytes_per_token,
-            )
+            dataset_section = summary["dataset"]
+            dataset_section["train_tokens"] = dataset.train_tokens
+            dataset_section["eval_tokens"] = dataset.eval_tokens
+            dataset_section["vocab_size"] = dataset.vocab_size
+            dataset_section["tokenizer"] = dataset.tokenizer
+            dataset_section["bytes_per_token"] = dataset.bytes_per_token
             summary["language"] = self._language_summary(score)
         return summary
 
-    def _add_device_time(self, summary: dict[str, Any], slots: int, wall_s: float, w: _Workers) -> None:
+    def _add_device_time(self, summary: DigestSummary, slots: int, wall_s: float, w: _Workers) -> None:
         """Where the devices' time went (:mod:`aiperf.results.device_time`), where the epochs tell it.
 
         Ledgers whose epochs carry no ``compile_s`` get no such keys, so the summaries published
@@ -548,8 +475,9 @@ class RunDigest:
         summary["workers"]["compile_critical_fraction"] = compile_critical_fraction(section)
         for name, life in summary["workers"]["per_worker"].items():
             extra = self.device_time.worker(name)
-            if extra is not None:
-                life.update(extra)
+            if extra is not None:  # the keys of aiperf.results.device_time.WorkerTime, in its order
+                life["steady_s"] = extra["steady_s"]
+                life["compile_critical_s"] = extra["compile_critical_s"]
 
     def _workers_summary(self, w: _Workers) -> WorkersSummary:
         return {
@@ -611,7 +539,7 @@ class RunDigest:
         }
 
 
-def summarize(records: Iterable[Record], source: object = "the ledger") -> dict[str, Any]:
+def summarize(records: Iterable[Record], source: object = "the ledger") -> DigestSummary:
     """Everything the run claims, derived from its ledger records (as ``read_ledger`` returns them)."""
     records = records if isinstance(records, list) else list(records)
     _header(records, source)
@@ -623,7 +551,7 @@ def summarize(records: Iterable[Record], source: object = "the ledger") -> dict[
 
 def build_summary(
     run_dir: str | Path, records: list[Record] | None = None, digest: RunDigest | None = None
-) -> dict[str, Any]:
+) -> RunSummary:
     """The summary of ``run_dir``: its ledger's summary plus its telemetry, if it has any.
 
     The ledger is read one record at a time (:class:`RunDigest`) unless ``records`` or a
@@ -641,7 +569,7 @@ def build_summary(
             digest = RunDigest(source, reread=lambda: iter_ledger(run_dir))
             for rec in iter_ledger(run_dir):
                 digest.add(rec)
-    summary = digest.summary()
+    ledger_summary = digest.summary()
     start = digest.start
     assert start is not None  # summary() refused a ledger without one
     stop = digest.stop
@@ -652,31 +580,35 @@ def build_summary(
     )
     telemetry = read_bound_telemetry(run_dir, binding)
     samples = telemetry.samples
+    utilisation = None
     if samples:
         interval = start.config.run.telemetry_interval_s
-        summary["telemetry"] = summarize_telemetry(samples, interval)
-        notes = shared_machine_notes(summary["telemetry"])
+        utilisation = summarize_telemetry(samples, interval)
+        notes = shared_machine_notes(utilisation)
         if notes:  # additive: the rules' verdict stands; the notes say what it was measured beside
-            verdict = summary["verdict"]
+            verdict = ledger_summary["verdict"]
             verdict["notes"] = notes
             verdict["headline"] = f"{verdict['headline']}; {'; '.join(notes)}"
     if telemetry.bound is False:
-        summary["energy"] = not_measured(
+        energy = not_measured(
             f"{TELEMETRY_NAME} is not what the ledger's run_stop binds (edited or cut after the run): not used"
         )
     else:
-        summary["energy"] = energy_section(summary, samples, [start], source)
+        energy = energy_section(ledger_summary, samples, [start], source)
     if telemetry.bound is not None:  # from 2026-12-07: the list ranks energy only from bound telemetry
-        summary["energy"]["bound"] = telemetry.bound
-    if samples and summary["energy"].get("readings_per_s") is not None:  # from 2026-12-07: nodes' power threads
+        energy["bound"] = telemetry.bound
+    if samples and energy.get("readings_per_s") is not None:  # from 2026-12-07: nodes' power threads
         trials = energy_by_trial(samples, digest.trial_spans())
         if trials is not None:
-            summary["energy"]["trials"] = trials
-    return summary
+            energy["trials"] = trials
+    # The ledger's keys first, then telemetry (where there are samples) and energy, as they were always added.
+    if utilisation is not None:
+        return {**ledger_summary, "telemetry": utilisation, "energy": energy}
+    return {**ledger_summary, "energy": energy}
 
 
 def energy_section(
-    summary: dict[str, Any], samples: Sequence[TelemetrySample], records: list[Record], source: object
+    summary: DigestSummary, samples: Sequence[TelemetrySample], records: list[Record], source: object
 ) -> EnergySummary:
     """The ``energy`` section: the run's OPS per watt with its sources and methodology level, or why there is none.
 
@@ -698,7 +630,7 @@ def energy_section(
     )
 
 
-def save_summary(run_dir: str | Path, summary: Mapping[str, object]) -> Path:
+def save_summary(run_dir: str | Path, summary: RunSummary) -> Path:
     """Write ``summary.json`` atomically; a write that fails is an :class:`AiperfError` (exit 1) naming it."""
     path = Path(run_dir) / SUMMARY_NAME
     try:
@@ -708,14 +640,14 @@ def save_summary(run_dir: str | Path, summary: Mapping[str, object]) -> Path:
     return path
 
 
-def write_summary(run_dir: str | Path) -> dict[str, Any]:
+def write_summary(run_dir: str | Path) -> RunSummary:
     """Recompute the summary from ``run_dir``'s ledger and write ``summary.json`` atomically."""
     summary = build_summary(run_dir)
     save_summary(run_dir, summary)
     return summary
 
 
-def format_summary(summary: dict[str, Any], run_dir: str | Path) -> str:
+def format_summary(summary: RunSummary, run_dir: str | Path) -> str:
     """The result block printed at the end of a run.
 
     Every string in it is made inert first: a run id, host name or reason read from a ledger
@@ -727,8 +659,12 @@ def format_summary(summary: dict[str, Any], run_dir: str | Path) -> str:
     language = summary.get("language")
     devices = summary["devices"]
     where = ", ".join(f"{n} x {k}" for k, n in devices["workers_by_device"].items()) or "no workers recorded"
-    planned = devices.get("planned_nodes")  # absent from summaries written before 2026-12-07
-    planned = f" (trials on {devices.get('trained_nodes')} of the {planned} planned)" if planned is not None else ""
+    planned_nodes = devices.get("planned_nodes")  # absent from summaries written before 2026-12-07
+    planned = (
+        f" (trials on {devices.get('trained_nodes')} of the {planned_nodes} planned)"
+        if planned_nodes is not None
+        else ""
+    )
     lines = [
         f"aiperf result: run {summary['run_id']} ({summary['name']}), {summary['status']}",
         f"  score (OPS)          {s['ops_human']}  = {format_ops(s['total_ops'], 'OP')} counted"
@@ -765,6 +701,7 @@ def format_summary(summary: dict[str, Any], run_dir: str | Path) -> str:
     failures = summary.get("worker_start_failures") or {}
     if failures.get("count"):
         first = failures["first"]
+        assert first is not None  # the writer keeps the first failure whenever it counts one
         lines.insert(
             -1,
             f"  workers not started  {failures['count']}, e.g. worker {first['worker']} on node "
@@ -789,9 +726,10 @@ def format_statuses(by_status: dict[str, int]) -> str:
     return ", ".join(f"{n} {status}" for status, n in sorted(by_status.items(), key=lambda kv: -kv[1])) or "none ended"
 
 
-def format_best(summary: dict[str, Any]) -> str:
+def format_best(summary: RunSummary) -> str:
     """The best epoch's line: its top-1 accuracy, or a language run's bits per byte and the quality they give."""
-    acc, best = summary["score"].get("best_val_acc"), summary.get("best") or {}
+    acc = summary["score"].get("best_val_acc")
+    best: BestTrial | dict[str, object] = summary.get("best") or {}
     language = summary.get("language")
     if language is not None:
         bits = language.get("best_bits_per_byte")
@@ -819,7 +757,7 @@ def format_tokens(language: LanguageSummary, wall_s: float) -> str:
     )
 
 
-def format_steadiness(steady: Mapping[str, float] | None) -> str:
+def format_steadiness(steady: SteadinessDict | None) -> str:
     """One line: the steady part's OPS, its spread across windows and the 95 % interval of its mean."""
     if not steady:
         return "- (too few epochs to tell)"

@@ -44,7 +44,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Generic, cast
+from typing import Generic, cast
 
 from aiperf.errors import AiperfError, excerpt
 from aiperf.families.image.flops import GraphCost, aiperf_compatible_per_image, count_flops, epoch_operations
@@ -70,6 +70,7 @@ from aiperf.ledger.store import LEDGER_NAME, LedgerStream, iter_ledger, line_has
 from aiperf.metrics.score import format_ops
 from aiperf.results.size_pace import format_size_pace
 from aiperf.results.summary import MAX_SUMMARY_BYTES, SUMMARY_NAME, RunDigest, build_summary, language_quality
+from aiperf.results.summary_model import RunSummary
 from aiperf.sampling.telemetry import read_telemetry
 from nas.errors import NasError
 from nas.graph import Graph
@@ -914,7 +915,7 @@ def _short(value: object) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
-def check_summary(run_dir: Path, records: list[Record] | RunDigest) -> tuple[list[str], dict[str, Any] | None]:
+def check_summary(run_dir: Path, records: list[Record] | RunDigest) -> tuple[list[str], RunSummary | None]:
     """Recompute the summary and compare it with ``summary.json``; returns (problems, recomputed)."""
     path = run_dir / SUMMARY_NAME
     try:
@@ -990,7 +991,7 @@ def verify_run(run_dir: str | Path) -> tuple[bool, str]:
         raise AiperfError(f"{run_dir}: the ledger has no complete record")
     read_telemetry(run_dir)  # unreadable (a FIFO, a device) is unreadable input, not a failed check
     checks: list[_Problems] = [chain.problems, shapes]
-    summary: dict[str, Any] | None = None
+    summary: RunSummary | None = None
     if not shapes.count:
         assert consistency is not None
         deeper = _Problems()
