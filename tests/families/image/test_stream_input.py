@@ -174,19 +174,19 @@ def test_evaluation_covers_every_validation_image_once_in_full_batches(imagenet_
 
 
 def _timed_epoch(feed, step_s):
-    """One epoch pulled by a loop whose steps take ``step_s``; returns (seconds inside next(), waited)."""
+    """One epoch pulled by a loop whose steps take ``step_s``; returns (seconds inside each next(), waited)."""
     iterator = iter(feed.fit_kwargs(1)["x"])
-    in_next = 0.0
+    calls = []
     while True:
         t0 = time.perf_counter()
         try:
             next(iterator)
         except StopIteration:
             break
-        in_next += time.perf_counter() - t0
+        calls.append(time.perf_counter() - t0)
         time.sleep(step_s)
     stats = feed.stats()
-    return in_next, stats["data_wait_s"] - stats["build_s"]
+    return calls, stats["data_wait_s"] - stats["build_s"]
 
 
 def test_data_wait_is_the_time_the_loop_waited_for_input(tmp_path):
@@ -194,11 +194,13 @@ def test_data_wait_is_the_time_the_loop_waited_for_input(tmp_path):
     generate_imagenet(tree, GenerateSpec(classes=2, train_per_class=100, val_per_class=2, quirks=False, max_side=640))
     ds = load_dataset(DatasetConfig(name="image_folder", path=str(tree), image_size=(96, 96), storage="stream"))
     # A loop that does nothing but ask for batches waits for (almost) every one of them.
-    in_next, waited = _timed_epoch(TrainStream(ds, 16, seed=1, backend="tensorflow", threads=1, bad_limit=0), 0.0)
-    assert 0.6 * in_next < waited <= in_next
+    calls, waited = _timed_epoch(TrainStream(ds, 16, seed=1, backend="tensorflow", threads=1, bad_limit=0), 0.0)
+    assert 0.6 * sum(calls) < waited <= sum(calls)
     # A loop much slower than the input waits for its first batch only: then the next one is always ready.
-    _, slow_waited = _timed_epoch(TrainStream(ds, 16, seed=1, backend="tensorflow", threads=1, bad_limit=0), 0.1)
-    assert slow_waited < 0.3 * waited
+    # (Its first batch is compared with nothing: on a loaded box it alone can take a third of the fast epoch.)
+    slow, slow_waited = _timed_epoch(TrainStream(ds, 16, seed=1, backend="tensorflow", threads=1, bad_limit=0), 0.1)
+    assert slow_waited <= sum(slow) + 0.005
+    assert slow_waited - slow[0] < 0.3 * (waited - calls[0])
 
 
 def test_resident_input_measures_its_wait_and_counts_full_batches():
