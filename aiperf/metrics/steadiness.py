@@ -15,8 +15,8 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import TypedDict
+from dataclasses import asdict, dataclass
+from typing import TypedDict, cast
 
 from aiperf.ledger.schema import EpochRecord, Record, of_type
 
@@ -38,16 +38,8 @@ class Steadiness:
     half_width: float  # 95 % half-width of the steady mean, relative (Student t over the windows)
 
     def to_dict(self) -> SteadinessDict:
-        return {
-            "window_s": self.window_s,
-            "windows": self.windows,
-            "startup_ops_per_s": self.startup_ops_per_s,
-            "steady_ops_per_s": self.steady_ops_per_s,
-            "window_min_ops_per_s": self.window_min_ops_per_s,
-            "window_max_ops_per_s": self.window_max_ops_per_s,
-            "window_cv": self.window_cv,
-            "half_width": self.half_width,
-        }
+        """The fields as the summary holds them (the TypedDict names them; checked against real summaries)."""
+        return cast("SteadinessDict", asdict(self))
 
 
 class SteadinessDict(TypedDict):
