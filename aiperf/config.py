@@ -217,7 +217,7 @@ class TrainConfig(_Section):
     compile_ahead: bool = Field(
         True,
         description="build a worker's queued trial and compile its train and evaluation steps while the trial "
-        "before trains (JAX on one device, resident data; elsewhere steps compile in their first call)",
+        "before trains (JAX or TensorFlow on one device, resident data; elsewhere steps compile in their first call)",
     )
 
     @field_validator("batch_size")

@@ -46,6 +46,7 @@ from aiperf.cluster.node_weights import NodeStore, SentWeights, StartWeights, re
 from aiperf.datasets.base import Dataset
 from aiperf.errors import first_line
 from aiperf.families.language.data import LanguageData
+from aiperf.training.compile_ahead import ahead_supported
 from aiperf.training.trial import TrialSpec, TrialSpecDict
 
 if TYPE_CHECKING:
@@ -257,7 +258,7 @@ class NodeAgent:
 
         The pool queues trials on a slot while it starts; they wait in :meth:`_slot` until it is ready.
         """
-        self._ahead = bool(getattr(settings, "compile_ahead", False)) and getattr(settings, "backend", "") == "jax"
+        self._ahead = settings.compile_ahead and ahead_supported(settings.backend, 1)
         with self._changed:
             old = self._slots.pop(key, None)
             self._failed.pop(key, None)

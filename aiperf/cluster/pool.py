@@ -40,6 +40,7 @@ from aiperf.cluster.node_weights import WeightKeeper
 from aiperf.cluster.plan import Plan, Slot, make_plan
 from aiperf.cluster.ray_session import ControlPlaneWatch
 from aiperf.cluster.worker import LIVENESS_GROUP, PREPARE_GROUP, RayTrialWorker, WorkerSettings
+from aiperf.training.compile_ahead import ahead_supported
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -339,8 +340,8 @@ class RayWorkerPool(WorkerPool):
         self._actor_cls = ray.remote(  # type: ignore[call-overload]
             max_restarts=0, concurrency_groups={LIVENESS_GROUP: 1, PREPARE_GROUP: 1}
         )(RayTrialWorker)
-        # A trial queued behind a running one is sent to be compiled ahead too (JAX: aiperf.training.compile_ahead).
-        self._ahead = settings.compile_ahead and settings.backend == "jax"
+        # A trial queued behind a running one is sent to be compiled ahead too (aiperf.training.compile_ahead).
+        self._ahead = settings.compile_ahead and ahead_supported(settings.backend, 1)
         self._per_node = per_node
         self._agents: list[_Agent] = []
         self._agent_cls = ray.remote(max_restarts=0)(NodeAgent)

@@ -134,14 +134,17 @@ class TrialWorker:
             self.runner = TrialRunner(dataset, trainer, backend)
         else:  # a language run: its workers open the token shards here, once (a node that cannot read them fails now)
             from aiperf.families.language.runner import LMRunnerSettings, LMTrialRunner
-            from aiperf.training.compile_ahead import ahead_supported
+            from aiperf.training.compile_ahead import ahead_supported, prepares_by_running
 
             lm = LMRunnerSettings(
                 precision=trainer.precision,
                 jit_compile=trainer.jit_compile,
                 steps_per_epoch=settings.lm_steps_per_epoch,
                 eval_windows=settings.lm_eval_windows,
-                compile_ahead=settings.compile_ahead and ahead_supported(backend, 1),
+                # It trains a prepared model from its built state: one run ahead would move it.
+                compile_ahead=settings.compile_ahead
+                and ahead_supported(backend, 1)
+                and not prepares_by_running(backend),
             )
             self.runner = LMTrialRunner(dataset, lm)
             self.precision = self.runner.precision

@@ -1,4 +1,4 @@
-"""A model's train and predict steps compiled ahead of time, so the device never waits for XLA.
+"""A model's train and predict steps compiled ahead of time, so the device never waits for a compiler.
 
 Under JAX, Keras compiles a model's train step inside its first ``fit`` step and its predict
 step inside the first ``predict``: on an H200 that was 75 % of a worker's time
@@ -10,9 +10,20 @@ the arguments are the ones it was compiled for, and Keras's own jitted step othe
 shape nobody prepared is compiled just in time, as before, and counted as such). Nothing
 is re-traced on the training thread.
 
+Under TensorFlow, Keras traces a model's train step (a ``tf.function``) inside the first ``fit``
+step, and the runtime then optimises the traced graph and picks its kernels for the batch's
+shape (oneDNN's, on a CPU) at its first run; the predict step likewise. There the model is
+prepared by *running* each step once, on a batch of zeros of the trial's shapes, fed as the
+trial will feed it (the train step from a ``tf.data`` iterator with the batch dimension
+unknown, as :class:`aiperf.families.image.input_pipeline.TrainInput` builds it; predict on
+whole batches of the evaluation size): the traces stay cached in the model's
+``tf.function`` objects and the kernels in the runtime. Running a step moves the model's state
+(weights, optimizer, statistics); a prepared model is handed to its trial as a kept one is,
+which restores the weights and the optimizer's state a fresh build would start from.
+
 This module holds the backend specifics (the Keras JAX trainer's step functions and
 ``_make_function``; checked by tests/training/test_compile_ahead.py against the installed
-Keras), so the trainers above it talk to Keras only. TensorFlow and torch compile as before:
+Keras), so the trainers above it talk to Keras only. torch compiles as before:
 :func:`ahead_supported` says where this applies.
 """
 
@@ -72,9 +83,13 @@ class StepShapes:
     evaluate: bool = False
 
 
+AHEAD_BACKENDS = ("jax", "tensorflow")  # torch's Keras trainer runs eagerly: nothing to compile ahead
+
+
 def ahead_supported(backend: str, data_parallel: int) -> bool:
-    """Whether steps can be compiled ahead: JAX on one device (a distribution shards the state differently)."""
-    return backend == "jax" and data_parallel <= 1
+    """Whether steps can be compiled ahead: JAX or TensorFlow on one device (a distribution shards the
+    state differently)."""
+    return backend in AHEAD_BACKENDS and data_parallel <= 1
 
 
 class AheadStep:
@@ -144,15 +159,17 @@ def _avals(variables: Sequence[Variable]) -> list[jax.ShapeDtypeStruct]:
     return [jax.ShapeDtypeStruct(tuple(v.shape), np.dtype(v.dtype)) for v in variables]
 
 
-def install(model: keras.Model) -> AheadSteps:
+def install(model: keras.Model) -> AheadSteps | None:
     """Give a compiled Keras model (JAX backend, no distribution) train, predict and test steps that can be
-    compiled ahead.
+    compiled ahead; None on another backend (TensorFlow's ``tf.function`` objects keep their traces themselves).
 
     Mirrors what the Keras JAX trainer's ``make_train_function``, ``make_predict_function`` and
     ``make_test_function`` build for a jit-compiled model (the step jitted with its state
     donated, wrapped by ``_make_function``), with :class:`AheadStep` as the jitted step.
     Idempotent per model.
     """
+    if _backend() != "jax":
+        return None
     existing = getattr(model, "_aiperf_ahead", None)
     if isinstance(existing, AheadSteps):
         return existing
@@ -175,6 +192,8 @@ def install(model: keras.Model) -> AheadSteps:
 
 def ahead_ready(model: keras.Model, shapes: StepShapes) -> bool:
     """Whether ``model``'s steps are compiled for ``shapes`` already."""
+    if _backend() == "tensorflow":
+        return _run_shapes(shapes) <= _ran(model)
     steps = getattr(model, "_aiperf_ahead", None)
     if not isinstance(steps, AheadSteps):
         return False
@@ -187,16 +206,21 @@ def ahead_ready(model: keras.Model, shapes: StepShapes) -> bool:
 
 def compile_ahead(
     model: keras.Model, shapes: StepShapes, tracing: AbstractContextManager[object] | None = None
-) -> AheadSteps:
-    """Install (:func:`install`) and compile the model's train step and its evaluation step for ``shapes``.
+) -> AheadSteps | None:
+    """Install (:func:`install`) and compile the model's train step and its evaluation step for ``shapes``
+    (TensorFlow: :func:`run_once`, and None).
 
     The abstract state is read from the model's variables (shapes and dtypes only, no values),
     the data from ``shapes`` as Keras hands it to the steps: ``(examples, labels)`` with labels in
     JAX's default integer width, and the examples alone for ``predict``.
     """
+    if _backend() == "tensorflow":
+        run_once(model, shapes, tracing)
+        return None
     import jax
 
     steps = install(model)
+    assert steps is not None  # a JAX model
     trainable, non_trainable = _avals(model.trainable_variables), _avals(model.non_trainable_variables)
     state = (trainable, non_trainable, _avals(model.optimizer.variables), _avals(model.metrics_variables))
     label = jax.dtypes.canonicalize_dtype(np.dtype(shapes.label_dtype))
@@ -214,6 +238,75 @@ def compile_ahead(
         else:
             steps.predict.compile((trainable, non_trainable), batch_of(size)[0], lock)
     return steps
+
+
+def prepares_by_running(backend: str) -> bool:
+    """Whether preparing a model runs its steps (TensorFlow), moving its state, rather than only compiling them.
+
+    A model a trial may be training now (a kept one) is then not prepared, and a runner that
+    trains a prepared model from its built state (the language family's) does not prepare.
+    """
+    return backend == "tensorflow"
+
+
+def note_ran(model: keras.Model, shapes: StepShapes) -> None:
+    """``model`` ran a trial of ``shapes``: its steps are ready for them (TensorFlow; see :func:`ahead_ready`)."""
+    _ran(model).update(_run_shapes(shapes))
+
+
+def _backend() -> str:
+    import keras
+
+    return str(keras.backend.backend())
+
+
+def _run_shapes(shapes: StepShapes) -> set[tuple[str, int, tuple[int, ...]]]:
+    """The steps a trial of ``shapes`` runs, by function and batch shape (what :func:`run_once` prepares)."""
+    evaluation = "test" if shapes.evaluate else "predict"
+    example = tuple(shapes.example_shape)
+    return {("train", shapes.batch, example)} | {(evaluation, size, example) for size in shapes.eval_batches}
+
+
+def _ran(model: keras.Model) -> set[tuple[str, int, tuple[int, ...]]]:
+    ran = getattr(model, "_aiperf_ran", None)
+    if not isinstance(ran, set):
+        ran = set()
+        model._aiperf_ran = ran
+    return ran
+
+
+def run_once(model: keras.Model, shapes: StepShapes, lock: AbstractContextManager[object] | None = None) -> None:
+    """TensorFlow: trace the model's train and evaluation steps and run each once on zeros of ``shapes``.
+
+    The runtime picks a step's kernels for the batch's shape at its first run, so the batch is
+    the trial's own size, not a smaller one (a trace alone left a first step of 0.7 s against
+    0.14 s for a kept model on a 28x28 net; benchmarks/RESULTS.md). The whole call holds
+    ``lock`` (the trainer's Keras lock): Keras traces and runs its step code in it. The model's
+    state moves; its trial restores it (see the module's docstring).
+    """
+    import tensorflow as tf
+
+    wanted = _run_shapes(shapes) - _ran(model)
+    if not wanted:
+        return
+    label = np.dtype(shapes.label_dtype)
+
+    def zeros(size: int) -> tuple[np.ndarray, np.ndarray]:
+        examples = np.zeros((size, *shapes.example_shape), shapes.example_dtype)
+        return examples, np.zeros((size, *shapes.label_shape), label)
+
+    with lock if lock is not None else contextlib.nullcontext():
+        for step, size, _ in sorted(wanted):
+            if step == "train":
+                model.make_train_function()
+                # Batched, not sliced to a fixed size: the batch dimension unknown, as the trial's pipeline has it.
+                model.train_function(iter(tf.data.Dataset.from_tensor_slices(zeros(size)).batch(size)))
+            elif step == "predict":
+                model.predict(zeros(size)[0], batch_size=size, verbose=0)
+            else:
+                model.evaluate(*zeros(size), batch_size=size, verbose=0)
+        model.reset_metrics()
+    _ran(model).update(wanted)
 
 
 T = TypeVar("T")

@@ -1,4 +1,5 @@
-"""`aiperf run` on JAX compiles each worker's queued trial ahead, with one actor per worker and with node agents."""
+"""`aiperf run` compiles each worker's queued trial ahead: on TensorFlow with one actor per worker, on JAX with node
+agents."""
 
 from __future__ import annotations
 
@@ -9,17 +10,17 @@ import subprocess
 import pytest
 from helpers import REPO, aiperf_cmd, cli_env, ledger_records, two_trial_smoke_run
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="the jax backend is not installed"),
-]
+pytestmark = pytest.mark.slow
+NO_JAX = pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="the jax backend is not installed")
 
 
-@pytest.mark.parametrize("actors", ["per_worker", "per_node"])
-def test_every_trial_after_a_worker_s_first_starts_on_steps_compiled_ahead(tmp_path, actors):
+@pytest.mark.parametrize(
+    ("backend", "actors"), [("tensorflow", "per_worker"), pytest.param("jax", "per_node", marks=NO_JAX)]
+)
+def test_every_trial_after_a_worker_s_first_starts_on_steps_compiled_ahead(tmp_path, backend, actors):
     # One slot: each trial after the first waits behind another. No compiled models kept: a trial on steps
     # already compiled can only have been compiled ahead.
-    settings = ["model.backend=jax", f"cluster.actors={actors}", "cluster.max_concurrent_trials=1"]
+    settings = [f"model.backend={backend}", f"cluster.actors={actors}", "cluster.max_concurrent_trials=1"]
     run = two_trial_smoke_run(tmp_path, *settings, "train.compiled_models=0", trials=3)
     records = ledger_records(run)
     ends = [r for r in records if r["type"] == "trial_end" and r["status"] == "completed"]

@@ -1,4 +1,4 @@
-"""Compiling a queued trial's steps ahead (aiperf.training.compile_ahead), on JAX in a subprocess."""
+"""Compiling a queued trial's steps ahead (aiperf.training.compile_ahead): JAX in a subprocess, TensorFlow here."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from helpers import REPO, backend_subprocess
 from aiperf.config import DatasetConfig
 from aiperf.datasets.synthetic import load_synthetic
 from aiperf.families.image.trainer import TrainerSettings, TrialRunner
-from aiperf.training.compile_ahead import ahead_supported
+from aiperf.training.compile_ahead import ahead_supported, prepares_by_running
 
 CHECK = Path(__file__).with_name("compile_ahead_check.py")
 
@@ -79,15 +79,80 @@ def test_a_language_trial_prepared_ahead_trains_as_on_a_fresh_worker_without_com
     assert ahead["compile_s"][0] < fresh["compile_s"][0]
 
 
-def test_compiling_ahead_applies_to_jax_on_one_device_only():
-    assert ahead_supported("jax", 1)
-    assert not ahead_supported("jax", 2)  # a distribution shards the state: Keras compiles it
-    assert not ahead_supported("tensorflow", 1) and not ahead_supported("torch", 1)
+def test_compiling_ahead_applies_to_jax_and_tensorflow_on_one_device():
+    assert ahead_supported("jax", 1) and ahead_supported("tensorflow", 1)
+    assert not ahead_supported("jax", 2) and not ahead_supported("tensorflow", 2)  # a distribution shards the state
+    assert not ahead_supported("torch", 1)  # Keras's torch trainer runs eagerly: nothing to compile
+    # TensorFlow prepares by running the steps once, which moves the model: the language runner (which trains a
+    # prepared model from its built state) and a kept model a trial may be training are left alone there.
+    assert prepares_by_running("tensorflow") and not prepares_by_running("jax")
 
 
-def test_a_tensorflow_worker_prepares_nothing():
+# -- TensorFlow, in this process (the test run's backend) ---------------------------------------------------------
+def _tf_trial(runner: TrialRunner, width: int = 8, batch: int = 32, trial: str = "a") -> dict:
+    from compile_ahead_check import _spec
+
+    epochs, done = [], {}
+    for item in runner.run(_spec(runner.dataset, width, batch, trial)):
+        if item["type"] == "epoch":
+            epochs.append(item)
+        elif item["type"] == "done":
+            done = item
+    checksum = float(sum(float(abs(w).sum()) for arrays in done["weights"].values() for w in arrays))
+    return {"epochs": epochs, "done": done, "checksum": checksum}
+
+
+@pytest.fixture(scope="module")
+def tf_runs() -> dict:
+    """The same trial on a fresh TensorFlow worker and on one that prepared it ahead, then what each prepares."""
+    import keras
+
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("the test run's Keras backend is not TensorFlow")
+    from compile_ahead_check import _spec
+
+    synthetic = {"shape": [12, 12, 3], "classes": 4, "train_size": 256, "val_size": 64}
+    dataset = load_synthetic(DatasetConfig(name="synthetic", synthetic=synthetic))
+    settings = TrainerSettings(eval_batch_size=64)
+    out: dict = {"fresh": _tf_trial(TrialRunner(dataset, settings, "tensorflow"))}
+    runner = TrialRunner(dataset, settings, "tensorflow")
+    out["prepared"] = runner.prepare(_spec(dataset, 8, 32, "a"))
+    out["prepared_again"] = runner.prepare(_spec(dataset, 8, 32, "a"))
+    out["ahead"] = _tf_trial(runner)
+    out["after_its_trial"] = runner.prepare(_spec(dataset, 8, 32, "b"))  # the kept model ran these shapes
+    out["kept_other_batch"] = runner.prepare(_spec(dataset, 8, 16, "c"))  # a kept model: a trial may be training it
+    out["other_architecture"] = runner.prepare(_spec(dataset, 6, 32, "d"))
+    out["other"] = _tf_trial(runner, width=6, trial="d")
+    return out
+
+
+def test_a_tensorflow_trial_prepared_ahead_trains_exactly_as_on_a_fresh_worker(tf_runs):
+    fresh, ahead = tf_runs["fresh"], tf_runs["ahead"]
+    assert tf_runs["prepared"] is True
+    assert [e["val_acc"] for e in ahead["epochs"]] == [e["val_acc"] for e in fresh["epochs"]]
+    assert [e["train_loss"] for e in ahead["epochs"]] == pytest.approx([e["train_loss"] for e in fresh["epochs"]])
+    assert ahead["checksum"] == pytest.approx(fresh["checksum"], rel=1e-6)
+
+
+def test_a_tensorflow_trial_prepared_ahead_starts_on_traced_steps(tf_runs):
+    fresh, ahead = tf_runs["fresh"], tf_runs["ahead"]
+    assert ahead["done"]["step_reused"] is True and fresh["done"]["step_reused"] is False
+    # The fresh worker traced its train and predict steps inside its first epoch: what the prepared one saved.
+    assert ahead["epochs"][0]["compile_s"] < fresh["epochs"][0]["compile_s"]
+    assert ahead["done"]["first_step_s"] < fresh["done"]["first_step_s"]
+    assert tf_runs["other"]["done"]["step_reused"] is True  # a second architecture, prepared while the first was kept
+
+
+def test_tensorflow_prepares_only_what_a_trial_would_trace_and_never_a_kept_model(tf_runs):
+    assert tf_runs["prepared_again"] is False  # ready for these shapes
+    assert tf_runs["after_its_trial"] is False  # its trial ran them
+    assert tf_runs["kept_other_batch"] is False  # running a step on it could move a trial's weights
+    assert tf_runs["other_architecture"] is True
+
+
+def test_a_torch_worker_prepares_nothing():
     dataset = load_synthetic(
         DatasetConfig(name="synthetic", synthetic={"shape": [8, 8, 3], "classes": 3, "train_size": 64, "val_size": 16})
     )
-    runner = TrialRunner(dataset, TrainerSettings(), "tensorflow")
+    runner = TrialRunner(dataset, TrainerSettings(), "torch")
     assert runner.ahead is False

@@ -44,6 +44,8 @@ from aiperf.training.compile_ahead import (
     ahead_supported,
     compile_ahead,
     install,
+    note_ran,
+    prepares_by_running,
 )
 from aiperf.training.step_timing import CompileShares, compile_overhead
 from aiperf.training.trial import TrialSpec, Weights, apply_hparams, inherit_weights
@@ -158,7 +160,7 @@ class TrialRunner:
         self.bad_limit = bad_image_limit(dataset.train_size + dataset.val_size, settings.max_bad_fraction)
         self.reported_bad: set[str] = set()  # names already sent to the master by this worker
         self.compiled = CompiledModels(settings.compiled_models)
-        # Compiling ahead (prepare, on the worker's compile thread): JAX on one device, resident data.
+        # Compiling ahead (prepare, on the worker's compile thread): JAX or TensorFlow on one device, resident data.
         self.ahead = (
             settings.compile_ahead and ahead_supported(self.backend, settings.data_parallel) and not dataset.streaming
         )
@@ -299,8 +301,12 @@ class TrialRunner:
 
     def step_shapes(self, graph: Graph, spec: TrialSpec) -> StepShapes:
         """The shapes of the steps ``spec`` will run on a resident dataset (as :meth:`run` and its input pick them)."""
+        y_train = self.dataset.resident()[1]
+        return self._shapes_of(max(1, min(self._batch_for(graph, spec), len(y_train))))  # TrainInput's clamp
+
+    def _shapes_of(self, batch: int) -> StepShapes:
+        """The steps a trial training with global batch ``batch`` runs on the resident dataset."""
         x_train, y_train, _, _ = self.dataset.resident()
-        batch = max(1, min(self._batch_for(graph, spec), len(y_train)))  # TrainInput's clamp
         replicas = max(1, self.settings.data_parallel)
         eval_batch = eval_batch_size(self.dataset.val_size, max(batch, self.settings.eval_batch_size), replicas)
         return StepShapes(batch, (eval_batch,), tuple(x_train.shape[1:]), str(x_train.dtype), str(y_train.dtype))
@@ -324,6 +330,8 @@ class TrialRunner:
             if self._ahead.busy(key) or (entry is not None and ahead_ready(entry.model, shapes)):
                 return False
             kept = entry is not None and key in self.compiled  # a kept model gains a shape; it stays where it is
+            if kept and prepares_by_running(self.backend):
+                return False  # a trial may be training it now; the first step of another batch size picks kernels
             self._ahead.begin(key)
         try:
             if entry is None:
@@ -484,6 +492,8 @@ class TrialRunner:
             if spec.checkpoint_every_epoch and not last:
                 record["weights"] = weights
             yield record
+        if self.ahead:
+            note_ran(model, self._shapes_of(batch))  # a later trial of these shapes needs nothing prepared
         yield {
             "type": "done",
             "weights": weights,
