@@ -214,10 +214,11 @@ class TrainConfig(_Section):
         description="architectures each worker keeps compiled, so a re-tune or re-queued trial of one starts "
         "without tracing or compiling (0: build and compile every trial afresh)",
     )
-    compile_ahead: bool = Field(
-        True,
+    compile_ahead: bool | Literal["auto"] = Field(
+        "auto",
         description="build a worker's queued trial and compile its train and evaluation steps while the trial "
-        "before trains (JAX or TensorFlow on one device, resident data; elsewhere steps compile in their first call)",
+        "before trains (JAX or TensorFlow on one device, resident data; elsewhere steps compile in their first call); "
+        "auto: where trials train on accelerators or a node keeps a core no trial trains on",
     )
 
     @field_validator("batch_size")

@@ -58,6 +58,8 @@ class Plan:
     nodes: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # why some capacity is unused or shared
     actors: str = "per_worker"  # cluster.actors: one Ray actor per worker, or one node agent per node
+    compile_ahead: bool = False  # train.compile_ahead as resolved for this machine (see compile_ahead_choice)
+    compile_ahead_why: str = ""
 
     @property
     def concurrency(self) -> int:
@@ -80,6 +82,8 @@ class Plan:
             "nodes": copy.deepcopy(self.nodes),
             "notes": list(self.notes),
             "actors": self.actors,
+            "compile_ahead": self.compile_ahead,
+            "compile_ahead_why": self.compile_ahead_why,
             "concurrency": self.concurrency,
         }
 
@@ -189,6 +193,27 @@ def _notes(nodes: list[NodeInfo], slots: list[Slot], has_gpu: bool) -> list[str]
     return notes
 
 
+def compile_ahead_choice(requested: bool | str, nodes: list[NodeInfo], slots: list[Slot]) -> tuple[bool, str]:
+    """Whether workers compile their queued trial ahead (``train.compile_ahead``), and why.
+
+    Compiling ahead moves a trial's compile off the device's critical path onto a host core. That
+    core must be one no trial trains on: on a CPU node whose every core trains, the compile takes
+    the same time from training either way (measured: benchmarks/RESULTS.md, "Compiling ahead on
+    TensorFlow"), so ``auto`` compiles ahead on accelerators and where a node keeps a core free.
+    """
+    if requested is True or requested is False:
+        return requested, "train.compile_ahead"
+    if any(s.gpus > 0 for s in slots):
+        return True, "trials train on accelerators; their hosts' cores compile the next ones"
+    used: dict[str, float] = {}
+    for s in slots:
+        used[s.node_id] = used.get(s.node_id, 0.0) + s.cpus
+    free = [n for n in nodes if n.node_id in used and n.cpus - used[n.node_id] >= 1]
+    if free and len(free) == len(used):
+        return True, "every node keeps a core no trial trains on: it compiles the next trials"
+    return False, "every core trains a trial: a compile ahead would take its time from training"
+
+
 def make_plan(nodes: list[NodeInfo], cfg: Config) -> Plan:
     """Decide the slots for ``nodes`` under ``cfg`` (pure: no Ray calls, so it is unit-testable)."""
     has_gpu = any(n.gpus >= 1 for n in nodes)
@@ -217,6 +242,7 @@ def make_plan(nodes: list[NodeInfo], cfg: Config) -> Plan:
     if cfg.family == "language":  # a language trial's default batch: sequences of lm.seq_len tokens
         batch = cfg.lm.batch_size
     threads = max(1, int(min((s.cpus for s in slots), default=1)))
+    ahead, ahead_why = compile_ahead_choice(cfg.train.compile_ahead, nodes, slots)
     return Plan(
         placement=cfg.cluster.placement if has_gpu else "per_cpu_slot",
         actors=cfg.cluster.actors,
@@ -240,6 +266,8 @@ def make_plan(nodes: list[NodeInfo], cfg: Config) -> Plan:
             for n in nodes
         ],
         notes=_notes(nodes, slots, has_gpu) + extra,
+        compile_ahead=ahead,
+        compile_ahead_why=ahead_why,
     )
 
 
@@ -263,4 +291,6 @@ def format_plan(plan: Plan) -> str:
             f"{acc}, {node['memory_bytes'] / 2**30:.1f} GiB -> {len(mine)} trial(s) x {per}"
         )
     lines.extend(f"  note: {n}" for n in plan.notes)
+    if plan.compile_ahead_why:
+        lines.append(f"  compile ahead: {'on' if plan.compile_ahead else 'off'} ({plan.compile_ahead_why})")
     return "\n".join(lines)

@@ -374,7 +374,7 @@ class RayWorkerPool(WorkerPool):
             plan,
             dataset,
             nodes,
-            replace(WorkerSettings.from_config(cfg), compile_cache=compile_cache),
+            replace(WorkerSettings.from_config(cfg, plan), compile_cache=compile_cache),
             replan=functools.partial(make_plan, cfg=cfg),
             queue_depth=cfg.cluster.queue_depth,
             max_workers=cfg.cluster.max_concurrent_trials,

@@ -37,7 +37,7 @@ from aiperf.datasets.base import Dataset
 from aiperf.training.trial import TrialSpec, TrialSpecDict, Weights
 
 if TYPE_CHECKING:
-    from aiperf.cluster.plan import Slot
+    from aiperf.cluster.plan import Plan, Slot
     from aiperf.cluster.remote import KeeperActor
     from aiperf.config import Config
     from aiperf.families.image.trainer import TrainerSettings
@@ -83,8 +83,8 @@ class WorkerSettings:
     data_parallel: int = 1  # devices one trial trains on (per_node placement)
 
     @classmethod
-    def from_config(cls, cfg: Config) -> WorkerSettings:
-        """The run-wide part, the same for every worker."""
+    def from_config(cls, cfg: Config, plan: Plan | None = None) -> WorkerSettings:
+        """The run-wide part, the same for every worker (``plan``: the run's, which resolves compile_ahead "auto")."""
         return cls(
             backend=cfg.model.backend,
             precision=cfg.model.precision,
@@ -97,7 +97,7 @@ class WorkerSettings:
             max_bad_fraction=cfg.dataset.max_bad_fraction,
             shuffle_buffer=cfg.dataset.shuffle_buffer,
             compiled_models=cfg.train.compiled_models,
-            compile_ahead=cfg.train.compile_ahead,
+            compile_ahead=plan.compile_ahead if plan is not None else cfg.train.compile_ahead is True,
             ceiling_s=cfg.cluster.ceiling_s,
             lm_steps_per_epoch=cfg.lm.steps_per_epoch,
             lm_eval_windows=cfg.lm.eval_windows,

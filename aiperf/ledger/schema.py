@@ -272,6 +272,8 @@ class PlanHeader(_Shape):
     precision: str | None = None
     batch_size: Count | None = None
     threads_per_trial: Count | None = None
+    compile_ahead: bool | None = None  # train.compile_ahead as the plan resolved it (absent before 2026-12-07)
+    compile_ahead_why: str | None = None  # the plan's reason for it
 
 
 class RulesHeader(_Shape):

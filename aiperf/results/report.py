@@ -585,6 +585,9 @@ def _system(header: RunStartRecord, summary: RunSummary) -> str:
         ("batch size (default)", plan.batch_size),
         ("threads per trial", plan.threads_per_trial),
     ]
+    if plan.compile_ahead is not None:  # recorded from 2026-12-07
+        state = "on" if plan.compile_ahead else "off"
+        plan_items.append(("compile ahead", f"{state} ({plan.compile_ahead_why})" if plan.compile_ahead_why else state))
     ds = header.dataset
     split = ds.split
     family = (

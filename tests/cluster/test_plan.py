@@ -295,3 +295,39 @@ def test_replanning_after_a_node_dies_never_overbooks_the_survivors():
     joined = plan_for([head, a, c])
     new = [s for s in joined.slots if s.node_id == "c-id"]
     assert _fitting(new, held, [head, a, c]) == new
+
+
+# -- compiling ahead: on where a host core is free to compile, off where every core trains -----------------------
+def test_compile_ahead_auto_is_off_where_every_core_of_a_cpu_box_trains():
+    plan = plan_for([node("box", 2)])
+    assert plan.compile_ahead is False
+    assert "every core trains a trial" in format_plan(plan)
+    assert plan.to_dict()["compile_ahead"] is False
+
+
+def test_compile_ahead_auto_is_on_where_each_node_keeps_a_core_free():
+    # the CPU stand-in for a device: one slot of one core, the other core its host
+    plan = plan_for([node("box", 2)], "cluster.max_concurrent_trials=1", "cluster.cpus_per_trial=1")
+    assert plan.concurrency == 1 and plan.compile_ahead is True
+    assert "compile ahead: on" in format_plan(plan)
+    # a capped run whose slot takes every core (cpus_per_trial auto) has none free
+    assert plan_for([node("box", 2)], "cluster.max_concurrent_trials=1").compile_ahead is False
+    # one node with a free core and one without: the one without would compile on its training cores
+    uneven = plan_for([node("a", 3), node("b", 2)], "cluster.cpus_per_trial=1", "cluster.max_concurrent_trials=4")
+    assert per_node(uneven) == Counter({"a-id": 2, "b-id": 2}) and uneven.compile_ahead is False
+
+
+def test_compile_ahead_auto_is_on_for_accelerators_and_an_explicit_setting_wins():
+    assert plan_for([node("gpu", 16, 8)]).compile_ahead is True
+    assert plan_for([node("gpu", 16, 8)], "train.compile_ahead=false").compile_ahead is False
+    forced = plan_for([node("box", 2)], "train.compile_ahead=true")
+    assert forced.compile_ahead is True and "train.compile_ahead" in format_plan(forced)
+
+
+def test_the_plan_s_choice_reaches_every_worker():
+    from aiperf.cluster.worker import WorkerSettings
+
+    cfg = load_config("smoke", ["cluster.max_concurrent_trials=1", "cluster.cpus_per_trial=1"])
+    assert WorkerSettings.from_config(cfg, make_plan([node("box", 2)], cfg)).compile_ahead is True
+    assert WorkerSettings.from_config(cfg, make_plan([node("box", 1)], cfg)).compile_ahead is False
+    assert WorkerSettings.from_config(cfg).compile_ahead is False  # no plan (an audit's re-training): "auto" is off

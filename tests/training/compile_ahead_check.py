@@ -80,7 +80,7 @@ def main() -> int:
             name="synthetic", synthetic={"shape": [12, 12, 3], "classes": 4, "train_size": 256, "val_size": 64}
         )
     )
-    settings = TrainerSettings(jit_compile=True, eval_batch_size=64)
+    settings = TrainerSettings(jit_compile=True, eval_batch_size=64, compile_ahead=True)
     out: dict[str, Any] = {}
 
     fresh = TrialRunner(dataset, settings, "jax")

@@ -113,7 +113,7 @@ def tf_runs() -> dict:
 
     synthetic = {"shape": [12, 12, 3], "classes": 4, "train_size": 256, "val_size": 64}
     dataset = load_synthetic(DatasetConfig(name="synthetic", synthetic=synthetic))
-    settings = TrainerSettings(eval_batch_size=64)
+    settings = TrainerSettings(eval_batch_size=64, compile_ahead=True)
     out: dict = {"fresh": _tf_trial(TrialRunner(dataset, settings, "tensorflow"))}
     runner = TrialRunner(dataset, settings, "tensorflow")
     out["prepared"] = runner.prepare(_spec(dataset, 8, 32, "a"))
@@ -154,5 +154,5 @@ def test_a_torch_worker_prepares_nothing():
     dataset = load_synthetic(
         DatasetConfig(name="synthetic", synthetic={"shape": [8, 8, 3], "classes": 3, "train_size": 64, "val_size": 16})
     )
-    runner = TrialRunner(dataset, TrainerSettings(), "torch")
+    runner = TrialRunner(dataset, TrainerSettings(compile_ahead=True), "torch")
     assert runner.ahead is False

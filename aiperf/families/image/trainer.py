@@ -83,7 +83,7 @@ class TrainerSettings:
     max_bad_fraction: float = _DATASET.max_bad_fraction  # undecodable images allowed, as a share of the dataset
     shuffle_buffer: int = _DATASET.shuffle_buffer  # streamed TFRecord shards: records in the shuffle buffer
     compiled_models: int = _TRAIN.compiled_models  # architectures kept compiled for later trials (0: none)
-    compile_ahead: bool = _TRAIN.compile_ahead  # compile a queued trial's steps while the one before trains
+    compile_ahead: bool = _TRAIN.compile_ahead is True  # "auto" (the default) is resolved by a run's plan; bare: off
 
 
 def batch_limit(activation_bytes_per_image: float, device_memory_bytes: int, max_batch: int) -> int:
