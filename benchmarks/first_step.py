@@ -9,7 +9,9 @@ worker meets it, each in a fresh process so nothing leaks between them:
   XLA) holds what the cold process compiled -- a restarted worker or a resumed run;
 * **reused**: in the cold process, a second trial of the architecture with other hyperparameters
   (learning rate, weight decay, dropout, batch size): the worker's kept compiled model;
-* **rebuilt**: the same second trial with ``compiled_models=0`` -- what every trial paid before.
+* **rebuilt**: the same second trial with ``compiled_models=0`` -- what every trial paid before;
+* **ahead**: the rebuilt case with the second trial prepared before it started (``TrialRunner.prepare``,
+  as a worker's compile thread prepares a queued trial; JAX and TensorFlow).
 
 Reported per case: ``first_step_s`` (fit start to the end of the first step) and the trial's
 start-up (build/compile set-up), median of ``--reps`` processes.
@@ -40,7 +42,7 @@ import common
 
 CHILD = r"""
 import json, os, sys
-backend, arch, image, batch, steps, cache, keep = sys.argv[1:8]
+backend, arch, image, batch, steps, cache, keep, ahead = sys.argv[1:9]
 sys.path.insert(0, "benchmarks")
 from aiperf.training.backend import choose_jit, choose_precision, configure_process, describe_device
 configure_process(backend, os.cpu_count() or 1, cache)
@@ -51,13 +53,15 @@ device = describe_device(backend)
 graph = common.benchmark_net(arch, int(image))
 ds = common.synthetic_dataset((int(image), int(image), 3), 10, int(batch) * int(steps), int(batch))
 settings = TrainerSettings(precision=choose_precision("auto", device), jit_compile=choose_jit("auto", backend, device),
-                           compiled_models=int(keep))
+                           compiled_models=int(keep), compile_ahead=ahead == "1")
 runner = TrialRunner(ds, settings, backend)
 first = {"learning_rate": 0.05, "batch_size": int(batch), "weight_decay": 5e-4, "dropout": 0.1, "kernel_size": 3,
          "epochs": 1}
 second = {**first, "learning_rate": 0.02, "weight_decay": 1e-3, "dropout": 0.3}
 out = []
 for hp in (first, second):
+    if ahead == "1" and hp is second:  # prepared as a worker's compile thread prepares a queued trial
+        out.append({"prepared": runner.prepare(TrialSpec("t", "tune", graph.to_dict(), hp, seed=1))})
     items = list(runner.run(TrialSpec("t", "tune", graph.to_dict(), hp, seed=1)))
     done = items[-1]
     out.append({"first_step_s": done["first_step_s"], "startup_s": done["startup_s"], "reused": done["step_reused"]})
@@ -65,16 +69,21 @@ print("RESULT " + json.dumps(out))
 """
 
 
-def child(args: argparse.Namespace, cache: str, keep: int) -> list[dict[str, Any]]:
-    """One fresh process training the two trials; their first-step figures."""
+def child(args: argparse.Namespace, cache: str, keep: int, ahead: bool = False) -> list[dict[str, Any]]:
+    """One fresh process training the two trials (the first prepared ahead if ``ahead``); their first-step figures."""
     cmd = [sys.executable, "-c", CHILD, args.backend, args.arch, str(args.image), str(args.batch), str(args.steps)]
     env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}  # the child binds its own
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(common.REPO), env.get("PYTHONPATH", "")]))
-    proc = subprocess.run([*cmd, cache, str(keep)], capture_output=True, text=True, cwd=common.REPO, env=env)
+    proc = subprocess.run(
+        [*cmd, cache, str(keep), "1" if ahead else "0"], capture_output=True, text=True, cwd=common.REPO, env=env
+    )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         raise SystemExit(f"first_step: the child failed:\n{proc.stderr[-3000:]}")
-    return json.loads(lines[-1][7:])
+    results = json.loads(lines[-1][7:])
+    if ahead and results.pop(1)["prepared"] is not True:
+        raise SystemExit(f"first_step: {args.backend} prepared nothing ahead (train.compile_ahead applies to it?)")
+    return results
 
 
 def main() -> None:
@@ -88,7 +97,7 @@ def main() -> None:
     p.add_argument("--json", default=None, metavar="OUT")
     args = p.parse_args()
     print(f"first_step: {args.backend}, {args.arch} {args.image}x{args.image} b{args.batch}; {common.load_note()}")
-    cases: dict[str, list[dict[str, Any]]] = {"cold": [], "warm cache": [], "reused": [], "rebuilt": []}
+    cases: dict[str, list[dict[str, Any]]] = {"cold": [], "warm cache": [], "reused": [], "rebuilt": [], "ahead": []}
     for _ in range(args.reps):
         with tempfile.TemporaryDirectory(prefix="aiperf-first-step-") as tmp:
             cache = str(Path(tmp) / "compile-cache")
@@ -97,8 +106,12 @@ def main() -> None:
             cases["reused"].append(cold[1])
             cases["warm cache"].append(child(args, cache, keep=4)[0])
             cases["rebuilt"].append(child(args, str(Path(tmp) / "none"), keep=0)[1])
+            if args.backend != "torch":
+                cases["ahead"].append(child(args, str(Path(tmp) / "none"), keep=0, ahead=True)[1])
     summary = {}
     for name, runs in cases.items():
+        if not runs:
+            continue
         first = common.median([r["first_step_s"] for r in runs if r["first_step_s"] is not None])
         startup = common.median([r["startup_s"] for r in runs])
         summary[name] = {"first_step_s": first, "startup_s": startup, "runs": runs}

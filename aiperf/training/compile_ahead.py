@@ -279,10 +279,10 @@ def run_once(model: keras.Model, shapes: StepShapes, lock: AbstractContextManage
     """TensorFlow: trace the model's train and evaluation steps and run each once on zeros of ``shapes``.
 
     The runtime picks a step's kernels for the batch's shape at its first run, so the batch is
-    the trial's own size, not a smaller one (a trace alone left a first step of 0.7 s against
-    0.14 s for a kept model on a 28x28 net; benchmarks/RESULTS.md). The whole call holds
-    ``lock`` (the trainer's Keras lock): Keras traces and runs its step code in it. The model's
-    state moves; its trial restores it (see the module's docstring).
+    the trial's own size, not a smaller one (a trace alone left a first step of 0.69 s against
+    0.14 s for a kept model; benchmarks/RESULTS.md, "Compiling ahead on TensorFlow"). The whole
+    call holds ``lock`` (the trainer's Keras lock): Keras traces and runs its step code in it.
+    The model's state moves; its trial restores it (see the module's docstring).
     """
     import tensorflow as tf
 
