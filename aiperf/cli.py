@@ -311,7 +311,7 @@ def _load_transformer(path: str) -> TransformerSpec | None:
     """A language model's description (format ``aiperf-transformer``) at ``path``; None for any other file."""
     import json
 
-    from aiperf.engine.search import read_spec_file
+    from aiperf.families.language.seed import read_spec_file
     from nas.errors import NasError
     from nas.language.spec import FORMAT, TransformerSpec
 

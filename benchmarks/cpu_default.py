@@ -38,8 +38,8 @@ def seed_throughput(threads: int, epochs: int, reps: int, backend: str) -> dict[
     common.configure_backend(backend, threads)
     from aiperf.config import load_config
     from aiperf.datasets import load_dataset
-    from aiperf.engine.search import seed_architecture
     from aiperf.families.image.flops import count_flops
+    from aiperf.families.image.seed import seed_architecture
     from aiperf.families.image.trainer import TrainerSettings, TrialRunner
     from aiperf.training.backend import choose_jit, choose_precision, describe_device
     from aiperf.training.trial import TrialSpec

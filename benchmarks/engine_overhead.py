@@ -133,7 +133,7 @@ def _actor_setup(setup: dict[str, Any]) -> tuple[dict[str, Any], float]:
     cfg = load_config(setup["config"], setup["overrides"])
     configure_process(cfg.model.backend, THREADS_PER_TRIAL)  # before anything imports Keras
     from aiperf.datasets import load_dataset
-    from aiperf.engine.search import seed_architecture
+    from aiperf.families.image.seed import seed_architecture
 
     t0 = time.perf_counter()
     dataset = load_dataset(cfg.dataset)

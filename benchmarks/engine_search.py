@@ -130,8 +130,9 @@ def morph_searcher(cfg: Any, inner: Any, budget_s: float) -> Any:
     from ray.tune.search import Searcher
 
     from aiperf.datasets import load_dataset
-    from aiperf.engine.search import seed_architecture, size_schedule
+    from aiperf.engine.search import size_schedule
     from aiperf.families.image.flops import TrainFlopsPerImage
+    from aiperf.families.image.seed import seed_architecture
     from nas.limits import Limits
     from nas.random_search import Origin, Origins, RandomMorphSearch, grow
     from nas.serialize import graph_to_dict

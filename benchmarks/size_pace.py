@@ -27,7 +27,7 @@ def simulated_pace(config: str, seed: int, workers: int, gflops: float, startup_
     from aiperf.config import load_config
     from aiperf.datasets import load_dataset
     from aiperf.engine.scaling import SimulationSettings, simulate_run
-    from aiperf.engine.search import seed_architecture
+    from aiperf.families.image.seed import seed_architecture
 
     cfg = load_config(config, [*overrides, f"run.seed={seed}"])
     dataset = load_dataset(cfg.dataset)

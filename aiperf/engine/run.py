@@ -22,9 +22,11 @@ from aiperf.config import Config
 from aiperf.datasets import Dataset, load_dataset
 from aiperf.engine.output import Output, output
 from aiperf.engine.resume import Records, ResumePoint, read_resumable, recorded_config, replay, run_start
-from aiperf.engine.search import lm_seed_spec, make_lm_search, make_search, seed_architecture
+from aiperf.engine.search import make_lm_search, make_search
 from aiperf.engine.weights import WeightStore
 from aiperf.errors import AiperfError, os_error
+from aiperf.families.image.seed import seed_architecture
+from aiperf.families.language.seed import lm_seed_spec
 from aiperf.ledger.files import remove_temporaries
 from aiperf.ledger.inert import inert
 from aiperf.ledger.schema import DatasetHeader, RunStartRecord

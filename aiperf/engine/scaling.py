@@ -230,7 +230,7 @@ def simulated_study(
 ) -> pd.DataFrame:
     """Simulate every size in ``counts`` with the same config, seed and simulated hardware."""
     from aiperf.datasets import load_dataset
-    from aiperf.engine.search import seed_architecture
+    from aiperf.families.image.seed import seed_architecture
 
     dataset = load_dataset(cfg.dataset)
     seed_graph = seed_architecture(cfg, dataset)

@@ -1,4 +1,4 @@
-"""The search a config asks for: its seed architecture, its limits, its proposer.
+"""The search a config asks for: its limits and its proposer (the seed architecture is the family's: its seed.py).
 
 Real runs, resumed runs, simulated runs and the benchmarks build their search here, so the
 same config always searches the same way. A trial never asks for a batch larger than the
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aiperf.config import Config
@@ -29,37 +28,6 @@ if TYPE_CHECKING:
     from nas.search import SearchSettings
 
 logger = logging.getLogger(__name__)
-
-
-def seed_architecture(cfg: Config, dataset: Dataset) -> Graph:
-    """The search's starting architecture, sized to the dataset's images and classes.
-
-    It always carries a dropout layer before its classifier (inserted if the architecture
-    has none), so the searched dropout rate reaches every trial.
-    """
-    return _seed_graph(cfg, dataset).with_dropout(cfg.train.dropout, ensure=True)
-
-
-def _seed_graph(cfg: Config, dataset: Dataset) -> Graph:
-    from nas import serialize, zoo
-
-    name = cfg.model.seed_architecture
-    try:
-        if name.endswith(".json") or os.sep in name:
-            graph = serialize.load(name)
-            if tuple(graph.input_shape) != tuple(dataset.input_shape) or graph.num_classes != dataset.num_classes:
-                raise AiperfError(
-                    f"model.seed_architecture: {name} takes {graph.input_shape} images and {graph.num_classes} classes,"
-                    f" but the dataset has {tuple(dataset.input_shape)} and {dataset.num_classes}"
-                )
-            return graph
-        if name == "small_resnet":
-            return zoo.small_resnet(
-                dataset.input_shape, dataset.num_classes, width=cfg.model.width, dropout=cfg.train.dropout
-            )
-        return zoo.by_name(name, dataset.input_shape, dataset.num_classes)
-    except NasError as exc:
-        raise AiperfError(f"model.seed_architecture: {exc}") from None
 
 
 def batch_choices(cfg: Config, plan_batch: int, largest: int | None = None) -> tuple[list[int], int]:
@@ -243,45 +211,6 @@ def size_schedule(cfg: Config, seed_graph: Graph, limits: Limits) -> SizeSchedul
     return SizeSchedule(start, min(start * growth, max(start, cfg.search.max_flops_per_image)), cfg.search.size_band)
 
 
-MAX_SPEC_FILE_BYTES = 1 << 20  # an aiperf-transformer JSON is a few hundred bytes
-
-
-def lm_seed_spec(cfg: Config, vocab_size: int) -> TransformerSpec:
-    """The language search's starting model: ``lm.seed`` sized, or an aiperf-transformer JSON.
-
-    Its vocabulary must hold the data's.
-    """
-    import json
-
-    from nas.language.spec import TransformerSpec
-
-    name = cfg.lm.seed_architecture
-    try:
-        if name == "seed":
-            s = cfg.lm.seed
-            spec = TransformerSpec(
-                vocab_size=vocab_size,
-                seq_len=s.context,
-                width=s.width,
-                head_dim=s.head_dim,
-                heads=(s.heads,) * s.blocks,
-                mlp_hidden=(s.mlp_hidden,) * s.blocks,
-            )
-        else:
-            try:
-                spec = TransformerSpec.from_dict(json.loads(read_spec_file(Path(name))))
-            except (ValueError, RecursionError) as exc:
-                raise AiperfError(f"lm.seed_architecture: {name}: not valid JSON ({str(exc)[:120]})") from None
-    except NasError as exc:
-        raise AiperfError(f"lm.seed_architecture: {exc}") from None
-    if spec.vocab_size < vocab_size:
-        raise AiperfError(
-            f"lm.seed_architecture: the model's vocabulary ({spec.vocab_size}) is smaller than"
-            f" the data's ({vocab_size})"
-        )
-    return spec
-
-
 def make_lm_search(cfg: Config, seed: TransformerSpec) -> Proposer[LMTrialProposal]:
     """The proposer of a language run: GP-UCB over function-preserving transformer growth, with TPE re-tunes."""
     from nas.language.hpo import LMHyperparameterSpace
@@ -321,32 +250,3 @@ def make_lm_search(cfg: Config, seed: TransformerSpec) -> Proposer[LMTrialPropos
         return build(settings, seed, limits)
     except NasError as exc:
         raise AiperfError(f"lm: {exc}") from None
-
-
-def read_spec_file(path: Path, what: str = "") -> str:
-    """An aiperf-transformer file's text: a regular file of at most MAX_SPEC_FILE_BYTES (a FIFO is refused unread).
-
-    ``what`` names the file in errors (default: ``lm.seed_architecture: PATH``).
-    """
-    import stat
-
-    where = what or f"lm.seed_architecture: {path}"
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
-    except OSError as exc:
-        raise AiperfError(f"{where}: cannot read ({exc.strerror})") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise AiperfError(f"{where}: not a regular file")
-        with os.fdopen(fd, "rb", closefd=False) as fh:
-            data = fh.read(MAX_SPEC_FILE_BYTES + 1)
-    except OSError as exc:
-        raise AiperfError(f"{where}: cannot read ({exc.strerror})") from None
-    finally:
-        os.close(fd)
-    if len(data) > MAX_SPEC_FILE_BYTES:
-        raise AiperfError(f"{where}: over the {MAX_SPEC_FILE_BYTES:,}-byte limit of a transformer description")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise AiperfError(f"{where}: not UTF-8 text") from None

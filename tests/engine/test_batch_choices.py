@@ -9,7 +9,8 @@ from aiperf.config import DatasetConfig, load_config
 from aiperf.datasets import load_dataset
 from aiperf.datasets.bad_images import largest_full_batch
 from aiperf.datasets.generate import GenerateSpec, generate_imagenet
-from aiperf.engine.search import batch_choices, make_search, seed_architecture
+from aiperf.engine.search import batch_choices, make_search
+from aiperf.families.image.seed import seed_architecture
 
 
 def test_batch_sizes_above_the_largest_fillable_batch_are_dropped():
