@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, overload
 from aiperf import cli_limits as limits
 from aiperf.engine.weights import file_sha256
 from aiperf.errors import AiperfError, excerpt, first_line
+from aiperf.families import family_for
 from aiperf.ledger.audit_file import AUDIT_NAME, audited_end, write_bound_audit
 from aiperf.ledger.files import write_atomic
 from aiperf.ledger.inert import inert
@@ -268,14 +269,7 @@ def _load_data(cfg: Config, header: RunStartRecord) -> Dataset | LanguageData:
             f"run_start says the run searched the {header.family} family, but its recorded config's dataset "
             f"{cfg.dataset.name} is of the {cfg.family} family"
         )
-    if header.family == "language":
-        from aiperf.families.language.data import load_language_data
-
-        dataset = load_language_data(cfg)
-    else:
-        from aiperf.datasets import load_dataset
-
-        dataset = load_dataset(cfg.dataset)
+    dataset = family_for(header.family).load_data(cfg)
     recorded = header.dataset.fingerprint
     if dataset.fingerprint() != recorded:
         raise AiperfError(

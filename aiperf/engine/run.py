@@ -19,14 +19,13 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, TextIO
 
 from aiperf.config import Config
-from aiperf.datasets import Dataset, load_dataset
+from aiperf.datasets import Dataset
 from aiperf.engine.output import Output, output
 from aiperf.engine.resume import Records, ResumePoint, read_resumable, recorded_config, replay, run_start
 from aiperf.engine.search import make_lm_search, make_search
 from aiperf.engine.weights import WeightStore
 from aiperf.errors import AiperfError, os_error
-from aiperf.families.image.seed import seed_architecture
-from aiperf.families.language.seed import lm_seed_spec
+from aiperf.families import family_for
 from aiperf.ledger.files import remove_temporaries
 from aiperf.ledger.inert import inert
 from aiperf.ledger.schema import DatasetHeader, RunStartRecord
@@ -224,25 +223,11 @@ def _run(
 
 def _data_and_seed(cfg: Config, out: Output) -> tuple[Dataset | LanguageData, Graph | TransformerSpec]:
     """The run's data and its search's seed architecture, of the config's family; one line says what was loaded."""
-    if cfg.family == "language":
-        from aiperf.families.language.data import load_language_data
-
-        data = load_language_data(cfg)
-        spec = lm_seed_spec(cfg, data.vocab_size)
-        print(
-            f"aiperf: dataset {data.name}: {data.train_tokens:,} train / {data.val_tokens:,} validation tokens,"
-            f" vocabulary {data.vocab_size} ({data.tokenizer}; {data.source}); seed model {spec.n_blocks} blocks,"
-            f" width {spec.width}, {spec.params():,} parameters",
-            file=out,
-        )
-        return data, spec
-    dataset = load_dataset(cfg.dataset)
-    print(
-        f"aiperf: dataset {dataset.name}: {dataset.train_size} train / {dataset.val_size} validation images "
-        f"{tuple(dataset.input_shape)}, {dataset.num_classes} classes ({dataset.source})",
-        file=out,
-    )
-    return dataset, seed_architecture(cfg, dataset)
+    family = family_for(cfg.family)
+    data = family.load_data(cfg)
+    seed = family.seed(cfg, data)
+    print(family.loaded_line(data, seed), file=out)
+    return data, seed
 
 
 def _weights_loader(cfg: Config) -> Callable[[Path], AnyWeights]:

@@ -15,12 +15,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, Literal, Protocol, TypedDict, TypeVar
 
 if TYPE_CHECKING:
+    from aiperf.config import Config
     from aiperf.ledger.schema import TrialFlops, TrialStartRecord
 
 FamilyName = Literal["image", "language"]
 ArchT = TypeVar("ArchT")  # a family's architecture as trained (Graph, TransformerSpec)
 CostT = TypeVar("CostT")  # its analytic cost (GraphCost, LMCost)
 ProposalT = TypeVar("ProposalT")  # what the family's proposer proposes (TrialProposal, LMTrialProposal)
+DataT = TypeVar("DataT")  # what its runs train on (Dataset, LanguageData)
 
 
 class StartFields(TypedDict, total=False):
@@ -57,14 +59,26 @@ class EpochCounts(Protocol):
     def eval_tokens(self) -> int | None: ...
 
 
-class Family(Protocol[ProposalT, ArchT, CostT]):
+class Family(Protocol[ProposalT, ArchT, CostT, DataT]):
     """The family-specific part of running a trial (see the module docstring).
 
-    Generic in the family's proposal, architecture and cost; the master holds a family it does not
+    Generic in the family's proposal, architecture, cost and data; the master holds a family it does not
     know (bare ``Family``), so it never branches on which one it is.
     """
 
     name: FamilyName
+
+    def load_data(self, cfg: Config) -> DataT:
+        """The data a run of ``cfg`` trains on (a run, its ``--resume`` and its audit load it alike)."""
+        ...
+
+    def seed(self, cfg: Config, data: DataT) -> ArchT:
+        """The search's starting architecture, sized to ``data``."""
+        ...
+
+    def loaded_line(self, data: DataT, seed: ArchT) -> str:
+        """One line saying what was loaded: the data's size and source, and the seed (the run prints it)."""
+        ...
 
     def prepare(self, proposal: ProposalT) -> Prepared[ArchT, CostT]: ...
 

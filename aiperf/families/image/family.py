@@ -12,6 +12,8 @@ from aiperf.training.trial import apply_hparams
 from nas.serialize import graph_to_dict
 
 if TYPE_CHECKING:
+    from aiperf.config import Config
+    from aiperf.datasets import Dataset
     from nas.graph import Graph
     from nas.proposer import TrialProposal
 
@@ -20,6 +22,22 @@ class ImageFamily:
     """Convolutional image classifiers: graphs, FLOPs per image, AIPerf's compatible count beside ours."""
 
     name: FamilyName = "image"
+
+    def load_data(self, cfg: Config) -> Dataset:
+        from aiperf.datasets import load_dataset
+
+        return load_dataset(cfg.dataset)
+
+    def seed(self, cfg: Config, data: Dataset) -> Graph:
+        from aiperf.families.image.seed import seed_architecture
+
+        return seed_architecture(cfg, data)
+
+    def loaded_line(self, data: Dataset, seed: Graph) -> str:
+        return (
+            f"aiperf: dataset {data.name}: {data.train_size} train / {data.val_size} validation images "
+            f"{tuple(data.input_shape)}, {data.num_classes} classes ({data.source})"
+        )
 
     def prepare(self, proposal: TrialProposal) -> Prepared[Graph, GraphCost]:
         graph = apply_hparams(proposal.graph, proposal.hparams)  # what the worker will build

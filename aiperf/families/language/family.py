@@ -9,6 +9,8 @@ from aiperf.families.base import EpochCounts, FamilyName, Prepared, StartFields
 from aiperf.ledger.schema import TrialFlops, TrialStartRecord
 
 if TYPE_CHECKING:
+    from aiperf.config import Config
+    from aiperf.families.language.data import LanguageData
     from nas.language.flops import TransformerFlops
     from nas.language.search import LMTrialProposal
     from nas.language.spec import TransformerSpec
@@ -34,6 +36,23 @@ class LanguageFamily:
     """Transformer language models: specs, FLOPs per token at the trial's sequence length (docs/flops.md)."""
 
     name: FamilyName = "language"
+
+    def load_data(self, cfg: Config) -> LanguageData:
+        from aiperf.families.language.data import load_language_data
+
+        return load_language_data(cfg)
+
+    def seed(self, cfg: Config, data: LanguageData) -> TransformerSpec:
+        from aiperf.families.language.seed import lm_seed_spec
+
+        return lm_seed_spec(cfg, data.vocab_size)
+
+    def loaded_line(self, data: LanguageData, seed: TransformerSpec) -> str:
+        return (
+            f"aiperf: dataset {data.name}: {data.train_tokens:,} train / {data.val_tokens:,} validation tokens,"
+            f" vocabulary {data.vocab_size} ({data.tokenizer}; {data.source}); seed model {seed.n_blocks} blocks,"
+            f" width {seed.width}, {seed.params():,} parameters"
+        )
 
     def prepare(self, proposal: LMTrialProposal) -> Prepared[TransformerSpec, LMCost]:
         from nas.language.flops import transformer_flops
