@@ -25,6 +25,7 @@ from typing import Any
 
 from aiperf.cluster.resources import NodeInfo
 from aiperf.config import Config
+from aiperf.families import family_for
 
 # Ray accounts resources in units of 1/10,000; shares are rounded down to what it can represent.
 _GPU_DIGITS = 4
@@ -237,10 +238,7 @@ def make_plan(nodes: list[NodeInfo], cfg: Config) -> Plan:
     if cap is not None and len(slots) > cap:
         slots = _capped(slots, cap, nodes, auto_cpus=cfg.cluster.cpus_per_trial == "auto")
         extra.append(f"capped at {cap} concurrent trials (cluster.max_concurrent_trials)")
-    asked = cfg.train.batch_size
-    batch = min(int(asked) if asked != "auto" else 256 if has_gpu else 64, cfg.train.max_batch_size)
-    if cfg.family == "language":  # a language trial's default batch: sequences of lm.seq_len tokens
-        batch = cfg.lm.batch_size
+    batch = family_for(cfg.family).default_batch(cfg, accelerators=has_gpu)
     threads = max(1, int(min((s.cpus for s in slots), default=1)))
     ahead, ahead_why = compile_ahead_choice(cfg.train.compile_ahead, nodes, slots)
     return Plan(

@@ -39,6 +39,11 @@ class ImageFamily:
             f"{tuple(data.input_shape)}, {data.num_classes} classes ({data.source})"
         )
 
+    def default_batch(self, cfg: Config, accelerators: bool) -> int:
+        """``train.batch_size``; "auto": 256 images on accelerators, 64 on CPUs; at most ``train.max_batch_size``."""
+        asked = cfg.train.batch_size
+        return min(int(asked) if asked != "auto" else 256 if accelerators else 64, cfg.train.max_batch_size)
+
     def prepare(self, proposal: TrialProposal) -> Prepared[Graph, GraphCost]:
         graph = apply_hparams(proposal.graph, proposal.hparams)  # what the worker will build
         return Prepared(graph, count_flops_memo(graph), compile_key(graph))

@@ -54,6 +54,10 @@ class LanguageFamily:
             f" width {seed.width}, {seed.params():,} parameters"
         )
 
+    def default_batch(self, cfg: Config, accelerators: bool) -> int:
+        """``lm.batch_size`` sequences of ``lm.seq_len`` tokens, on any device."""
+        return cfg.lm.batch_size
+
     def prepare(self, proposal: LMTrialProposal) -> Prepared[TransformerSpec, LMCost]:
         from nas.language.flops import transformer_flops
 
