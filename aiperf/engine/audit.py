@@ -297,44 +297,35 @@ class _Unusable(Exception):
 
 
 def _recorded_arch(start: TrialStartRecord, family: str) -> dict[str, Any] | None:
-    """A trial's architecture document as its trial_start holds it (``transformer`` or ``graph``, by family)."""
-    return start.transformer if family == "language" else start.graph
+    """A trial's architecture document as its trial_start holds it (its family's: ``graph`` or ``transformer``)."""
+    return family_for(family).recorded_arch(start)
 
 
-def _no_architecture(family: str) -> _Unusable:
-    name = "transformer" if family == "language" else "graph"
-    return _Unusable(f"its trial_start record holds no architecture ({name})")
+def _architecture(start: TrialStartRecord, family: str) -> Graph | TransformerSpec:
+    """The architecture the trial's workers built, rebuilt by its family from its trial_start."""
+    try:
+        arch: Graph | TransformerSpec = family_for(family).arch_from_record(start)
+    except ValueError as exc:
+        raise _Unusable(str(exc)) from None
+    return arch
 
 
 def _graph(start: TrialStartRecord) -> Graph:
     """The graph an image trial's workers built (its recorded architecture under its hyperparameters)."""
-    from aiperf.training.trial import apply_hparams
-    from nas.errors import NasError
-    from nas.serialize import graph_from_dict
+    from nas.graph import Graph
 
-    if start.graph is None:
-        raise _no_architecture("image")
-    try:
-        return apply_hparams(graph_from_dict(start.graph), start.hparams.model_dump(exclude_unset=True))
-    except (NasError, KeyError, TypeError, ValueError) as exc:
-        raise _Unusable(f"its recorded architecture cannot be rebuilt ({first_line(exc, 200)})") from None
+    graph = _architecture(start, "image")
+    assert isinstance(graph, Graph)
+    return graph
 
 
 def _transformer(start: TrialStartRecord) -> TransformerSpec:
-    """The transformer a language trial's workers built (hyperparameters do not change its spec)."""
-    from nas.errors import NasError
+    """The transformer a language trial's workers built."""
     from nas.language.spec import TransformerSpec
 
-    if start.transformer is None:
-        raise _no_architecture("language")
-    try:
-        return TransformerSpec.from_dict(start.transformer)
-    except (NasError, KeyError, TypeError, ValueError) as exc:
-        raise _Unusable(f"its recorded architecture cannot be rebuilt ({first_line(exc, 200)})") from None
-
-
-def _architecture(start: TrialStartRecord, family: str) -> Graph | TransformerSpec:
-    return _transformer(start) if family == "language" else _graph(start)
+    spec = _architecture(start, "language")
+    assert isinstance(spec, TransformerSpec)
+    return spec
 
 
 @overload

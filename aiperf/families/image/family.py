@@ -101,3 +101,19 @@ class ImageFamily:
             morphs=tuple(Morph.from_dict(m) for m in rec.morphs),
             info=rec.info,
         )
+
+    def recorded_arch(self, rec: TrialStartRecord) -> dict[str, object] | None:
+        return rec.graph
+
+    def arch_from_record(self, rec: TrialStartRecord) -> Graph:
+        """The recorded graph under the trial's hyperparameters (what its workers built)."""
+        from aiperf.errors import first_line
+        from nas.errors import NasError
+        from nas.serialize import graph_from_dict
+
+        if rec.graph is None:
+            raise ValueError("its trial_start record holds no architecture (graph)")
+        try:
+            return apply_hparams(graph_from_dict(rec.graph), rec.hparams.model_dump(exclude_unset=True))
+        except (NasError, KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"its recorded architecture cannot be rebuilt ({first_line(exc, 200)})") from None

@@ -116,3 +116,19 @@ class LanguageFamily:
                 "info": rec.info,
             }
         )
+
+    def recorded_arch(self, rec: TrialStartRecord) -> dict[str, object] | None:
+        return rec.transformer
+
+    def arch_from_record(self, rec: TrialStartRecord) -> TransformerSpec:
+        """The recorded transformer (hyperparameters do not change its spec)."""
+        from aiperf.errors import first_line
+        from nas.errors import NasError
+        from nas.language.spec import TransformerSpec
+
+        if rec.transformer is None:
+            raise ValueError("its trial_start record holds no architecture (transformer)")
+        try:
+            return TransformerSpec.from_dict(rec.transformer)
+        except (NasError, KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"its recorded architecture cannot be rebuilt ({first_line(exc, 200)})") from None
