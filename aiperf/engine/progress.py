@@ -14,6 +14,7 @@ import sys
 from typing import TextIO
 
 from aiperf.engine.output import Output, output
+from aiperf.families import family_for
 from aiperf.ledger.inert import inert
 from aiperf.metrics.score import format_ops
 
@@ -39,7 +40,7 @@ class Progress:
         workers: int = 0,
     ) -> None:
         self.interval_s = interval_s
-        self.language = family == "language"  # its quality shows as bits per byte (docs/llm.md)
+        self.family = family_for(family)  # how its quality shows (accuracy, or bits per byte: docs/llm.md)
         self.budget_s = budget_s
         self.stream = output(stream if stream is not None else sys.stdout)
         self.tty = self.stream.isatty()
@@ -78,10 +79,7 @@ class Progress:
 
     def line(self, t: float, running: int, queued: int = 0) -> str:
         ops = self.ops / self.last_epoch_t if self.last_epoch_t > 0 else 0.0
-        if self.language:
-            best = f"bits/byte {8 * (1 - self.best):.3f}" if self.best is not None else "bits/byte -"
-        else:
-            best = f"val acc {self.best:.4f}" if self.best is not None else "val acc -"
+        best = self.family.best_text(self.best)
         return (
             f"[{format_elapsed(t)} / {format_elapsed(self.budget_s)}] trials {self.done} done, {running} running"
             f"{f', {queued} queued' if queued else ''}"

@@ -80,6 +80,11 @@ class Family(Protocol[ProposalT, ArchT, CostT, DataT]):
         """One line saying what was loaded: the data's size and source, and the seed (the run prints it)."""
         ...
 
+    def best_text(self, best_val_acc: float | None) -> str:
+        """The best quality so far as the progress line shows it (an image run's accuracy, a language run's
+        bits per byte)."""
+        ...
+
     def default_batch(self, cfg: Config, accelerators: bool) -> int:
         """The batch a trial trains with unless its hyperparameters say otherwise (the plan states it)."""
         ...

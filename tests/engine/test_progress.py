@@ -28,3 +28,12 @@ def test_a_large_run_counts_its_workers_without_a_line_for_each():
     for k in range(WORKER_NOTES + 1):
         progress.worker_ready(f"worker w{k:04d} on node n{k}", 3.0)
     assert out.getvalue() == "" and "ready" not in progress.line(4.0, 0)
+
+
+def test_the_best_quality_shows_as_the_run_s_family_states_it():
+    image, language = Progress(1.0, 60.0, io.StringIO()), Progress(1.0, 60.0, io.StringIO(), family="language")
+    assert "best val acc -" in image.line(1.0, 0) and "best bits/byte -" in language.line(1.0, 0)
+    for progress in (image, language):
+        progress.epoch(1e9, 0.75, 2.0)
+    assert "best val acc 0.7500" in image.line(3.0, 0)
+    assert "best bits/byte 2.000" in language.line(3.0, 0)  # 8 x (1 - quality)

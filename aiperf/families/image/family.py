@@ -39,6 +39,9 @@ class ImageFamily:
             f"{tuple(data.input_shape)}, {data.num_classes} classes ({data.source})"
         )
 
+    def best_text(self, best_val_acc: float | None) -> str:
+        return f"val acc {best_val_acc:.4f}" if best_val_acc is not None else "val acc -"
+
     def default_batch(self, cfg: Config, accelerators: bool) -> int:
         """``train.batch_size``; "auto": 256 images on accelerators, 64 on CPUs; at most ``train.max_batch_size``."""
         asked = cfg.train.batch_size

@@ -54,6 +54,10 @@ class LanguageFamily:
             f" width {seed.width}, {seed.params():,} parameters"
         )
 
+    def best_text(self, best_val_acc: float | None) -> str:
+        """Bits per byte, 8 x (1 - the quality a language epoch reports as val_acc; docs/llm.md)."""
+        return f"bits/byte {8 * (1 - best_val_acc):.3f}" if best_val_acc is not None else "bits/byte -"
+
     def default_batch(self, cfg: Config, accelerators: bool) -> int:
         """``lm.batch_size`` sequences of ``lm.seq_len`` tokens, on any device."""
         return cfg.lm.batch_size
