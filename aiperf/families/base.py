@@ -11,6 +11,7 @@ master branches on it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, Literal, Protocol, TypedDict, TypeVar
 
@@ -110,3 +111,17 @@ class Family(Protocol[ProposalT, ArchT, CostT, DataT]):
     def arch_from_record(self, rec: TrialStartRecord) -> ArchT:
         """The architecture a trial's workers built, from its ``trial_start``; ValueError saying what is wrong."""
         ...
+
+
+def rebuild_recorded(doc: dict[str, object] | None, field: str, build: Callable[[dict[str, object]], ArchT]) -> ArchT:
+    """A trial's architecture rebuilt from its ``trial_start`` document (its ``field``) by ``build``; a ValueError
+    saying what is wrong where it is missing or cannot be rebuilt (what :meth:`Family.arch_from_record` raises)."""
+    from aiperf.errors import first_line
+    from nas.errors import NasError
+
+    if doc is None:
+        raise ValueError(f"its trial_start record holds no architecture ({field})")
+    try:
+        return build(doc)
+    except (NasError, KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"its recorded architecture cannot be rebuilt ({first_line(exc, 200)})") from None

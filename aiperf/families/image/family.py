@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from aiperf.families.base import EpochCounts, FamilyName, Prepared, StartFields
+from aiperf.families.base import EpochCounts, FamilyName, Prepared, StartFields, rebuild_recorded
 from aiperf.families.image.compiled_models import compile_key
 from aiperf.families.image.flops import GraphCost, aiperf_compatible_operations, count_flops_memo, epoch_operations
 from aiperf.ledger.schema import TrialFlops, TrialStartRecord
@@ -110,13 +110,7 @@ class ImageFamily:
 
     def arch_from_record(self, rec: TrialStartRecord) -> Graph:
         """The recorded graph under the trial's hyperparameters (what its workers built)."""
-        from aiperf.errors import first_line
-        from nas.errors import NasError
         from nas.serialize import graph_from_dict
 
-        if rec.graph is None:
-            raise ValueError("its trial_start record holds no architecture (graph)")
-        try:
-            return apply_hparams(graph_from_dict(rec.graph), rec.hparams.model_dump(exclude_unset=True))
-        except (NasError, KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"its recorded architecture cannot be rebuilt ({first_line(exc, 200)})") from None
+        hparams = rec.hparams.model_dump(exclude_unset=True)
+        return rebuild_recorded(rec.graph, "graph", lambda doc: apply_hparams(graph_from_dict(doc), hparams))

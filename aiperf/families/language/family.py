@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from aiperf.families.base import EpochCounts, FamilyName, Prepared, StartFields
+from aiperf.families.base import EpochCounts, FamilyName, Prepared, StartFields, rebuild_recorded
 from aiperf.ledger.schema import TrialFlops, TrialStartRecord
 
 if TYPE_CHECKING:
@@ -126,13 +126,6 @@ class LanguageFamily:
 
     def arch_from_record(self, rec: TrialStartRecord) -> TransformerSpec:
         """The recorded transformer (hyperparameters do not change its spec)."""
-        from aiperf.errors import first_line
-        from nas.errors import NasError
         from nas.language.spec import TransformerSpec
 
-        if rec.transformer is None:
-            raise ValueError("its trial_start record holds no architecture (transformer)")
-        try:
-            return TransformerSpec.from_dict(rec.transformer)
-        except (NasError, KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"its recorded architecture cannot be rebuilt ({first_line(exc, 200)})") from None
+        return rebuild_recorded(rec.transformer, "transformer", TransformerSpec.from_dict)
