@@ -4,4 +4,14 @@ A module of its own, with no imports, so ``aiperf --help`` names them without lo
 config's models (pydantic costs about 0.2 s of a start-up).
 """
 
-BUILTIN_CONFIGS = ("default", "smoke", "imagenet", "fashion_mnist", "synthetic", "llm", "llm-official", "cpu-standin")
+BUILTIN_CONFIGS = (
+    "default",
+    "smoke",
+    "imagenet",
+    "fashion_mnist",
+    "synthetic",
+    "llm",
+    "llm-official",
+    "gpu",
+    "cpu-standin",
+)

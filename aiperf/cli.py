@@ -234,7 +234,7 @@ def _stdout() -> Any:  # an engine.output.Output, which run_repeated takes as it
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from aiperf.config import load_config
+    from aiperf.cluster.workload_choice import chosen_config
     from aiperf.engine.run import run_benchmark
 
     if args.must_end_by is not None:
@@ -248,7 +248,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
         if args.resume:
             raise AiperfError("--repeat starts new runs; it cannot be combined with --resume")
-        return run_repeated(load_config(args.config, args.overrides), args.repeat, args.address, _stdout())
+        return run_repeated(chosen_config(args.config, args.overrides)[0], args.repeat, args.address, _stdout())
     if args.resume:
         if args.config or args.overrides:
             raise AiperfError("--resume continues a run with its own recorded config; drop --config/--set")
@@ -260,8 +260,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             raise AiperfError(f"--resume {_shown(args.resume)}: no such run directory")
         _, summary = run_benchmark(None, address=args.address, resume_dir=args.resume)
     else:
-        cfg = load_config(args.config, args.overrides)
-        _, summary = run_benchmark(cfg, address=args.address)
+        cfg, choice = chosen_config(args.config, args.overrides)
+        _, summary = run_benchmark(cfg, address=args.address, choice=choice)
     if summary.get("status") == "failed":
         _error(f"aiperf: error: the run failed: {summary.get('stop_reason')}")
         return 1
@@ -272,12 +272,12 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from aiperf.cluster.plan import format_plan, make_plan
     from aiperf.cluster.ray_session import start_ray
     from aiperf.cluster.resources import cluster_nodes
-    from aiperf.config import load_config
+    from aiperf.cluster.workload_choice import chosen_config
 
-    cfg = load_config(args.config, args.overrides)
+    cfg, choice = chosen_config(args.config, args.overrides)
     session = start_ray(args.address or cfg.cluster.address)
     try:
-        plan = make_plan(cluster_nodes(probe=True), cfg)
+        plan = make_plan(cluster_nodes(probe=True), cfg, choice)
     finally:
         session.shutdown()
     print(format_plan(plan), file=_stdout())

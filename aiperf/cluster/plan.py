@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiperf.cluster.resources import NodeInfo
+from aiperf.cluster.workload_choice import WorkloadChoice, mismatch_note
 from aiperf.config import Config
 from aiperf.families import family_for
 
@@ -61,6 +62,8 @@ class Plan:
     actors: str = "per_worker"  # cluster.actors: one Ray actor per worker, or one node agent per node
     compile_ahead: bool = False  # train.compile_ahead as resolved for this machine (see compile_ahead_choice)
     compile_ahead_why: str = ""
+    workload: str = ""  # the built-in config chosen for this host when no --config was named (workload_choice)
+    workload_why: str = ""
 
     @property
     def concurrency(self) -> int:
@@ -85,6 +88,8 @@ class Plan:
             "actors": self.actors,
             "compile_ahead": self.compile_ahead,
             "compile_ahead_why": self.compile_ahead_why,
+            "workload": self.workload,
+            "workload_why": self.workload_why,
             "concurrency": self.concurrency,
         }
 
@@ -215,8 +220,11 @@ def compile_ahead_choice(requested: bool | str, nodes: list[NodeInfo], slots: li
     return False, "every core trains a trial: a compile ahead would take its time from training"
 
 
-def make_plan(nodes: list[NodeInfo], cfg: Config) -> Plan:
-    """Decide the slots for ``nodes`` under ``cfg`` (pure: no Ray calls, so it is unit-testable)."""
+def make_plan(nodes: list[NodeInfo], cfg: Config, choice: WorkloadChoice | None = None) -> Plan:
+    """Decide the slots for ``nodes`` under ``cfg`` (pure: no Ray calls, so it is unit-testable).
+
+    ``choice``: how ``cfg`` was chosen where no ``--config`` was named (the plan states it).
+    """
     has_gpu = any(n.gpus >= 1 for n in nodes)
     slots: list[Slot] = []
     for node in nodes:
@@ -241,6 +249,9 @@ def make_plan(nodes: list[NodeInfo], cfg: Config) -> Plan:
     batch = family_for(cfg.family).default_batch(cfg, accelerators=has_gpu)
     threads = max(1, int(min((s.cpus for s in slots), default=1)))
     ahead, ahead_why = compile_ahead_choice(cfg.train.compile_ahead, nodes, slots)
+    mismatch = mismatch_note(choice, has_gpu)
+    if mismatch:
+        extra.append(mismatch)
     return Plan(
         placement=cfg.cluster.placement if has_gpu else "per_cpu_slot",
         actors=cfg.cluster.actors,
@@ -266,6 +277,8 @@ def make_plan(nodes: list[NodeInfo], cfg: Config) -> Plan:
         notes=_notes(nodes, slots, has_gpu) + extra,
         compile_ahead=ahead,
         compile_ahead_why=ahead_why,
+        workload=choice.config if choice else "",
+        workload_why=choice.why if choice else "",
     )
 
 
@@ -288,6 +301,8 @@ def format_plan(plan: Plan) -> str:
             f"  node {node['hostname'] or node['node_id'][:8]}: {node['cpus']:g} CPUs"
             f"{acc}, {node['memory_bytes'] / 2**30:.1f} GiB -> {len(mine)} trial(s) x {per}"
         )
+    if plan.workload:
+        lines.append(f"  workload: {plan.workload} ({plan.workload_why})")
     lines.extend(f"  note: {n}" for n in plan.notes)
     if plan.compile_ahead_why:
         lines.append(f"  compile ahead: {'on' if plan.compile_ahead else 'off'} ({plan.compile_ahead_why})")

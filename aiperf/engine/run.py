@@ -36,6 +36,7 @@ from nas.language.spec import TransformerSpec
 if TYPE_CHECKING:
     from aiperf.cluster.plan import Plan
     from aiperf.cluster.resources import NodeInfo
+    from aiperf.cluster.workload_choice import WorkloadChoice
     from aiperf.engine.master import Master
     from aiperf.engine.weights import AnyWeights
     from aiperf.families.language.data import LanguageData
@@ -120,8 +121,11 @@ def run_benchmark(
     out: TextIO | Output | None = None,
     resume_dir: str | Path | None = None,
     err: TextIO | Output | None = None,
+    choice: WorkloadChoice | None = None,
 ) -> tuple[Path, RunSummary]:
     """Run (or resume) the benchmark; returns the run directory and its summary.
+
+    ``choice``: how ``cfg`` was chosen for this host where no ``--config`` was named (the plan says).
 
     The run directory is locked for the master's lifetime (:mod:`aiperf.ledger.runlock`);
     nothing it prints can stop or stall it (:class:`~aiperf.engine.output.Output`).
@@ -140,7 +144,7 @@ def run_benchmark(
             declared_peak(cfg)  # a bad site file is refused before anything is created too
             prepare_results_dir(cfg.run.results_dir)
             with through(errors):
-                return _run(cfg, address, out, None, [], locks)
+                return _run(cfg, address, out, None, [], locks, choice)
         run_dir = Path(resume_dir)
         if not (run_dir / LEDGER_NAME).is_file():
             raise AiperfError(f"--resume {run_dir}: not a run directory (no {LEDGER_NAME})")
@@ -169,6 +173,7 @@ def _run(
     run_dir: Path | None,
     previous: Records,
     locks: list[RunLock],
+    choice: WorkloadChoice | None = None,
 ) -> tuple[Path, RunSummary]:
     """The run itself; a new run's directory is created and locked here (its lock appended to ``locks``)."""
     from aiperf.cluster.ray_session import start_ray
@@ -184,7 +189,7 @@ def _run(
         proposer = make_lm_search(cfg, seed_graph)
     session = start_ray(address or cfg.cluster.address)
     try:
-        nodes, plan = _size(cfg, dataset, out)
+        nodes, plan = _size(cfg, dataset, out, choice)
         if proposer is None:
             assert isinstance(dataset, Dataset) and not isinstance(seed_graph, TransformerSpec)
             proposer = make_search(cfg, seed_graph, plan.batch_size, dataset, workers=plan.concurrency)
@@ -252,7 +257,9 @@ def _lock(run_dir: Path) -> RunLock:
     return RunLock(run_dir).acquire("aiperf run")
 
 
-def _size(cfg: Config, dataset: Dataset | LanguageData, out: Output) -> tuple[list[NodeInfo], Plan]:
+def _size(
+    cfg: Config, dataset: Dataset | LanguageData, out: Output, choice: WorkloadChoice | None
+) -> tuple[list[NodeInfo], Plan]:
     """The cluster's nodes and the plan for them; every node that trains must see a streamed dataset."""
     from aiperf.cluster.plan import format_plan, make_plan
     from aiperf.cluster.resources import cluster_nodes
@@ -260,7 +267,7 @@ def _size(cfg: Config, dataset: Dataset | LanguageData, out: Output) -> tuple[li
     nodes = cluster_nodes(probe=True, backend=cfg.model.backend)
     if not nodes:
         raise AiperfError("the Ray cluster has no alive nodes")
-    plan = make_plan(nodes, cfg)
+    plan = make_plan(nodes, cfg, choice)
     if not plan.slots:
         raise AiperfError("the cluster has no room for a single trial (no CPUs or GPUs Ray can schedule)")
     print(format_plan(plan), file=out)

@@ -274,6 +274,8 @@ class PlanHeader(_Shape):
     threads_per_trial: Count | None = None
     compile_ahead: bool | None = None  # train.compile_ahead as the plan resolved it (absent before 2026-12-07)
     compile_ahead_why: str | None = None  # the plan's reason for it
+    workload: str | None = None  # the config chosen for the host where no --config was named (from 2026-12-08)
+    workload_why: str | None = None  # why that one
 
 
 class RulesHeader(_Shape):
