@@ -402,7 +402,12 @@ class LMConfig(_Section):
         "seed", max_length=4096, description="seed (sized by lm.seed) or the path of an aiperf-transformer JSON"
     )
     seed: LMSeedConfig = LMSeedConfig()
-    steps_per_epoch: int = Field(20, ge=1, le=1 << 20, description="optimizer steps of one trial epoch")
+    steps_per_epoch: int | Literal["auto"] = Field(
+        20, description="optimizer steps of one trial epoch; auto: lm.epoch_device_s seconds at the worker's ceiling"
+    )
+    epoch_device_s: float = Field(
+        10.0, gt=0, le=3600, description="steps_per_epoch auto: an epoch's seconds at the worker's measured ceiling"
+    )
     eval_windows: int = Field(32, ge=1, le=1 << 16, description="validation sequences every evaluation uses")
     learning_rate: float = Field(3e-3, gt=0, le=1)
     warmup_fraction: float = Field(0.05, ge=0, lt=1)
@@ -420,6 +425,13 @@ class LMConfig(_Section):
     max_blocks: int = Field(12, ge=1, le=1024)
     max_params: int = Field(20_000_000, ge=1, le=10**12)
     max_train_flops_per_token: float = Field(2e8, gt=0, le=1e15, description="training FLOPs per token at context")
+
+    @field_validator("steps_per_epoch")
+    @classmethod
+    def _steps(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and not 1 <= value <= 1 << 20:
+            raise ValueError("must be 'auto' or an integer from 1 to 1,048,576")
+        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> LMConfig:
@@ -456,6 +468,14 @@ class Config(_Section):
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+    @model_validator(mode="after")
+    def _epochs_sized_by_a_ceiling(self) -> Config:
+        if self.lm.steps_per_epoch == "auto" and self.cluster.ceiling_s == 0:
+            raise ValueError(
+                "lm.steps_per_epoch auto sizes epochs by the workers' ceiling: cluster.ceiling_s must not be 0"
+            )
+        return self
 
     @property
     def family(self) -> Literal["image", "language"]:

@@ -13,7 +13,8 @@
 # step has its own timeout, so a slow step cannot take the others' figures; what each wrote lands
 # in $OUT. Budgets: AIPERF_GPU_BATCH_S seconds a run (default 150),
 # AIPERF_GPU_IMAGE (default: the synthetic config at 64x64, width 64, batch 256, bf16 on JAX),
-# AIPERF_GPU_LANGUAGE (default: llm-official's seed on the embedded corpus, 100 steps an epoch).
+# AIPERF_GPU_LANGUAGE (default: the gpu config, what `aiperf run` picks on a GPU host: llm-official's seed
+# on the embedded corpus, epochs sized by each worker's ceiling; 2026-11-27 ran it at 100 steps an epoch).
 # The CPU trial of 2026-12-07 ran both with small nets (AIPERF_GPU_IMAGE/LANGUAGE overridden) and 40 s.
 set -u
 OUT=${OUT:-/tmp/gpu-batch-out}
@@ -52,7 +53,7 @@ workload() {
 RUNS=()
 read -r -a IMAGE <<<"${AIPERF_GPU_IMAGE:---config synthetic --set dataset.synthetic.shape=[64,64,3] --set model.width=64 --set train.batch_size=256}"
 workload image "${IMAGE[@]}"
-read -r -a LANGUAGE <<<"${AIPERF_GPU_LANGUAGE:---config llm-official --set dataset.name=text --set dataset.path=null --set lm.steps_per_epoch=100}"
+read -r -a LANGUAGE <<<"${AIPERF_GPU_LANGUAGE:---config gpu}"
 workload language "${LANGUAGE[@]}"
 python3 benchmarks/gpu_figures.py "${RUNS[@]}" --json "$OUT/$(date -u +%F)-$device.json"
 echo "== done"

@@ -16,16 +16,21 @@ from pathlib import Path
 import pytest
 from helpers import REPO, aiperf_cmd, cli_env, run_cli
 
+from aiperf.families.language.epoch_size import MIN_AUTO_STEPS, auto_steps_per_epoch
 from aiperf.ledger.store import read_raw_ledger
 from nas.language.flops import transformer_flops
 from nas.language.spec import TransformerSpec
 
 pytestmark = pytest.mark.slow
 
+EPOCH_DEVICE_S = 0.02
 SMALL = (
     "lm.max_bytes=400000",
     "lm.seed={blocks: 1, width: 32, heads: 2, head_dim: 16, mlp_hidden: 64, context: 64}",
-    "lm.steps_per_epoch=10",
+    # epochs sized by each worker's measured ceiling (issue 44): 0.02 s of it is about 10-20 steps of this
+    # seed on a CPU core, at least 10 (MIN_AUTO_STEPS)
+    "lm.steps_per_epoch=auto",
+    f"lm.epoch_device_s={EPOCH_DEVICE_S}",
     "lm.learning_rate=0.01",
     "lm.eval_windows=8",
     "lm.batch_size=8",
@@ -75,13 +80,19 @@ def test_a_language_run_trains_grown_transformers_and_counts_every_token(llm_run
     grown = [s for s in starts.values() if s["inherit"] is not None]
     assert grown, "no child started from its parent's weights"
     assert all(s["morphs"] and "graph" not in s for s in grown)
+    ceilings = {r["worker"]: r["ceiling"]["flops_per_s"] for r in records if r["type"] == "worker"}
     for e in epochs:
         s = starts[e["trial"]]
         h = s["hparams"]
         spec = TransformerSpec.from_dict(s["transformer"])
         flops = transformer_flops(spec, h["seq_len"])
+        # each epoch has the steps its worker's recorded ceiling gives the trial's counted step
+        sized = auto_steps_per_epoch(
+            spec, h["batch_size"], h["seq_len"], h["epochs"], ceilings[e["worker"]], EPOCH_DEVICE_S
+        )
+        assert e["steps"] == sized >= MIN_AUTO_STEPS
         # the counted tokens are the steps' tokens, and the operations follow from them
-        assert e["train_tokens"] == e["steps"] * e["batch_size"] * h["seq_len"] == 10 * h["batch_size"] * h["seq_len"]
+        assert e["train_tokens"] == e["steps"] * e["batch_size"] * h["seq_len"]
         assert e["eval_tokens"] == 8 * h["seq_len"]
         per_token = flops.train_per_token(h["batch_size"] * h["seq_len"])
         assert s["flops"]["train_per_token"] == pytest.approx(per_token, rel=1e-12)

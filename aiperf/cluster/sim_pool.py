@@ -114,6 +114,7 @@ class _SimTask:
     start: float = 0.0
     epochs_done: int = 0
     epoch_s: float = 0.0
+    steps: int | None = None  # each epoch's steps: those the master sent a later attempt, else the worker's
 
 
 _Payload = tuple[str, _SimTask, int]  # a simulated event's worker, trial, and epoch (1-based; 0: its start or end)
@@ -382,6 +383,7 @@ class SimulatedWorkerPool(WorkerPool):
             trial_spec if self.failure_fn is not None else None,
             started,
             epoch_s=self._epoch_seconds(trial_spec),
+            steps=trial_spec.steps_per_epoch or -(-self.images[0] // max(1, int(trial_spec.hparams["batch_size"]))),
         )
 
     def _epoch_seconds(self, spec: TrialSpec) -> float:
@@ -474,6 +476,7 @@ class SimulatedWorkerPool(WorkerPool):
                             oom_retries=0,
                             weights=self._weights(w),
                             idle_before_s=idle,
+                            steps=task.steps,
                         ),
                     )
                 )

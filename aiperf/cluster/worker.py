@@ -76,7 +76,8 @@ class WorkerSettings:
     compiled_models: int
     compile_ahead: bool  # train.compile_ahead
     ceiling_s: float | Literal["auto"]  # cluster.ceiling_s: the matmul ceiling's time at start (0: none)
-    lm_steps_per_epoch: int  # lm.steps_per_epoch: a language trial's optimizer steps per epoch
+    lm_steps_per_epoch: int | Literal["auto"]  # lm.steps_per_epoch: a language trial's optimizer steps per epoch
+    lm_epoch_device_s: float  # lm.epoch_device_s: with steps_per_epoch auto, an epoch's seconds at the ceiling
     lm_eval_windows: int  # lm.eval_windows: the validation sequences of every language evaluation
     compile_cache: str = ""  # the run's persistent compilation cache (each node uses a folder of its own)
     threads: int = 1  # CPU threads of this worker's slot
@@ -100,6 +101,7 @@ class WorkerSettings:
             compile_ahead=plan.compile_ahead if plan is not None else cfg.train.compile_ahead is True,
             ceiling_s=cfg.cluster.ceiling_s,
             lm_steps_per_epoch=cfg.lm.steps_per_epoch,
+            lm_epoch_device_s=cfg.lm.epoch_device_s,
             lm_eval_windows=cfg.lm.eval_windows,
         )
 
@@ -128,14 +130,17 @@ class TrialWorker:
         self.backend = backend
         self.device = describe_device(backend)
         trainer = trainer_settings(settings, self.device)
-        self.precision = trainer.precision
         self.runner: TrialRunner | LMTrialRunner
         if isinstance(dataset, Dataset):
+            self.precision = trainer.precision
+            self.ceiling = _measure_ceiling(settings, self.device, self.precision)
             self.runner = TrialRunner(dataset, trainer, backend)
         else:  # a language run: its workers open the token shards here, once (a node that cannot read them fails now)
-            from aiperf.families.language.runner import LMRunnerSettings, LMTrialRunner
+            from aiperf.families.language.runner import LMRunnerSettings, LMTrialRunner, lm_precision
             from aiperf.training.compile_ahead import ahead_supported, prepares_by_running
 
+            self.precision = lm_precision(trainer.precision)
+            self.ceiling = _measure_ceiling(settings, self.device, self.precision)  # it sizes epochs where asked
             lm = LMRunnerSettings(
                 precision=trainer.precision,
                 jit_compile=trainer.jit_compile,
@@ -145,11 +150,11 @@ class TrialWorker:
                 compile_ahead=settings.compile_ahead
                 and ahead_supported(backend, 1)
                 and not prepares_by_running(backend),
+                epoch_device_s=settings.lm_epoch_device_s,
+                ceiling_flops_per_s=_ceiling_rate(self.ceiling),
             )
             self.runner = LMTrialRunner(dataset, lm)
-            self.precision = self.runner.precision
         self.versions = versions(backend)
-        self.ceiling = _measure_ceiling(settings, self.device, self.precision)
         self.threads = threads
         self.decode_threads = trainer.decode_threads
         self.ready_at = time.monotonic()
@@ -364,6 +369,13 @@ def trainer_settings(settings: WorkerSettings, device: DeviceInfo) -> TrainerSet
         compiled_models=settings.compiled_models,
         compile_ahead=settings.compile_ahead,
     )
+
+
+def _ceiling_rate(ceiling: Ceiling | None) -> float | None:
+    """The FLOP/s a worker's ceiling says it can reach on all its devices (None: not measured)."""
+    if ceiling is None or ceiling.flops_per_s is None:
+        return None
+    return ceiling.flops_per_s * max(1, ceiling.devices)
 
 
 def _measure_ceiling(settings: WorkerSettings, device: DeviceInfo, precision: str) -> Ceiling | None:

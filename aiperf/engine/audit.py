@@ -434,7 +434,7 @@ def reevaluate_lm(run_dir: Path, cfg: Config, windows: LMData, threads: int, tri
             t.start.hparams.model_dump(exclude_unset=True),
             weights,
             windows,
-            steps_per_epoch=cfg.lm.steps_per_epoch,
+            steps_per_epoch=_lm_steps(epoch.steps, cfg.lm.steps_per_epoch),
             eval_windows=cfg.lm.eval_windows,
             precision=lm_precision(settings.precision),
             jit_compile=settings.jit_compile,
@@ -493,6 +493,7 @@ def retrain(
         except _Unusable as exc:
             return TrialCheck(trial, "retrain", "fail", f"its parent {s.inherit}'s weights: {exc}")
         parent_arch = _recorded_arch(parent.start, family)
+    recorded = [t.epochs[k] for k in sorted(t.epochs) if k[0] == 0]
     spec = TrialSpec(
         trial_id=trial,
         kind=s.kind,
@@ -502,8 +503,9 @@ def retrain(
         parent_graph=parent_arch,
         morphs=list(s.morphs) if parent_arch is not None else [],
         checkpoint_every_epoch=False,
+        # the steps its epochs were trained with (a worker that sized them by its ceiling, lm auto), not this one's
+        steps_per_epoch=recorded[0].steps if recorded else None,
     )
-    recorded = [t.epochs[k] for k in sorted(t.epochs) if k[0] == 0]
     measured: list[EpochReport] = []
     run = worker.run_trial(spec.to_dict(), parent_weights)
     try:
@@ -736,6 +738,14 @@ def audit_run(
         notes.append(f"sampled trial(s) with no weights to re-evaluate: {', '.join(no_weights)}")
     failed = [f"trial {c.trial}: {c.check}: {c.detail}" for c in checks if c.status == "fail"]
     return _finish(run_dir, data, failed, checks, notes)
+
+
+def _lm_steps(recorded: int | None, configured: int | str) -> int:
+    """The steps per epoch a language trial trained with: its epoch's record (a worker may have sized them
+    by its ceiling, lm.steps_per_epoch auto), else the config's number."""
+    if recorded is not None:
+        return recorded
+    return configured if isinstance(configured, int) else 1  # auto without a record: evaluation needs none
 
 
 def _tolerances(family: object) -> dict[str, float]:

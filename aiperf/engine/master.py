@@ -126,6 +126,7 @@ class TrialState:
     sent_parent: str | None = None  # the kept trial whose weights the current attempt was sent (it may not get them)
     started_t: float | None = None  # the master's clock when its current attempt began on its worker
     aimed_at: float | None = None  # the share of the budget whose size band it was proposed for
+    steps_per_epoch: int | None = None  # the steps its last epoch reported: a later attempt continues with them
 
     @property
     def compile_key(self) -> str:
@@ -442,6 +443,7 @@ class Master:
             attempt=state.attempt,
             start_epoch=state.epochs_done if state.checkpoint is not None else 0,
             checkpoint_every_epoch=self.settings.checkpoint_every_epoch,
+            steps_per_epoch=state.steps_per_epoch if state.checkpoint is not None else None,
         )
         return spec.to_dict(), parent_ref, resume_ref
 
@@ -759,6 +761,7 @@ class Master:
             self.worker_gaps.setdefault(ev.worker, []).append(d.idle_before_s)
         self.worker_busy[ev.worker] = self.worker_busy.get(ev.worker, 0.0) + d.train_s + d.eval_s
         state.epochs_done = d.epoch
+        state.steps_per_epoch = d.steps
         self.epochs_counted += 1
         self.failure_streak.clear()
         if d.weights is not None:

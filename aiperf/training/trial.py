@@ -35,6 +35,7 @@ class TrialSpecDict(TypedDict):
     attempt: NotRequired[int]
     start_epoch: NotRequired[int]
     checkpoint_every_epoch: NotRequired[bool]
+    steps_per_epoch: NotRequired[int | None]
 
 
 @dataclass
@@ -51,6 +52,9 @@ class TrialSpec:
     attempt: int = 0
     start_epoch: int = 0  # epochs already completed (re-queued trial resuming from a checkpoint)
     checkpoint_every_epoch: bool = True
+    # The steps its epochs were trained with, for a later attempt continuing from a checkpoint: a trial
+    # whose worker sized its epochs (lm.steps_per_epoch auto) keeps them on any worker. None: the worker's.
+    steps_per_epoch: int | None = None
 
     @property
     def epochs(self) -> int:
@@ -71,6 +75,7 @@ class TrialSpec:
             "attempt": self.attempt,
             "start_epoch": self.start_epoch,
             "checkpoint_every_epoch": self.checkpoint_every_epoch,
+            "steps_per_epoch": self.steps_per_epoch,
         }
 
     @classmethod

@@ -325,6 +325,11 @@ def test_retrain_reproduces_language_trials_through_the_worker_a_child_from_its_
     lm_run, tmp_path
 ):
     run = _copy(lm_run, tmp_path)
+    # A run whose workers sized their epochs by their ceilings (lm.steps_per_epoch auto): the audit's worker
+    # must train the recorded steps per epoch (2), not size them again by its own ceiling (10 or more).
+    records = ledger_records(run)
+    records[0]["config"]["lm"]["steps_per_epoch"] = "auto"
+    rechain(run, records)
     result = audit_run(run, sample=0, retrain_count=len(TRIALS), speed_factor=1000.0)
     assert result.ok, result.message
     retrained = {c["trial"]: c for c in result.data["trials"] if c["check"] == "retrain"}

@@ -120,9 +120,17 @@ def test_children_inherit_from_completed_parents_only(tmp_path):
         assert r.morphs or r.kind == "tune"
 
 
-def test_worker_death_requeues_from_the_last_completed_epoch(tmp_path):
-    # Epochs of 5 s and 2-epoch trials: at t=12 the worker is inside some trial's second epoch.
-    _outcome, records = _run(tmp_path, workers=3, budget=120.0, kills=[("w00001", 12.0)])
+def test_worker_death_requeues_from_the_last_completed_epoch(tmp_path, monkeypatch):
+    sent: dict[tuple[str, int], int | None] = {}  # (trial, attempt) -> the steps per epoch its spec carried
+    submit = SimulatedWorkerPool.submit
+
+    def recording(self, worker, trial, attempt, spec, *weights):
+        sent[(trial, attempt)] = spec.get("steps_per_epoch")
+        return submit(self, worker, trial, attempt, spec, *weights)
+
+    monkeypatch.setattr(SimulatedWorkerPool, "submit", recording)
+    # Epochs of 5 s and 2-epoch trials: at t=17 the worker is inside some trial's second epoch.
+    _outcome, records = _run(tmp_path, workers=3, budget=120.0, kills=[("w00001", 17.0)])
     _check_consistent(records)
     requeues = [r for r in records if r.type == "requeue"]
     assert len(requeues) == 1
@@ -134,13 +142,16 @@ def test_worker_death_requeues_from_the_last_completed_epoch(tmp_path):
     resumed = [r for r in records if r.type == "trial_start" and r.trial == trial]
     assert [r.attempt for r in resumed] == [0, 1]
     assert resumed[1].start_epoch == rq.from_epoch
+    # the next attempt continues with the steps its epochs had (a worker may have sized them: lm auto)
+    assert sent[(trial, 0)] is None and first_epochs, "the check below needs a completed epoch"
+    assert sent[(trial, 1)] == first_epochs[-1].steps is not None
     assert resumed[1].worker != "w00001"
     end = next(r for r in records if r.type == "trial_end" and r.trial == trial)
     assert end.status in ("completed", "stopped")
     lost = [r for r in records if r.type == "worker" and r.worker == "w00001"]
     assert lost and "death" in lost[0].retired
     # The dead worker gets no more work.
-    assert not [r for r in records if r.type == "trial_start" and r.worker == "w00001" and r.t > 12.0]
+    assert not [r for r in records if r.type == "trial_start" and r.worker == "w00001" and r.t > 17.0]
 
 
 def test_weights_left_on_a_node_that_dies_make_its_trials_start_over_and_its_children_start_fresh(tmp_path):

@@ -21,11 +21,12 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
 from aiperf.errors import AiperfError, excerpt, first_line
+from aiperf.families.language.epoch_size import auto_steps_per_epoch
 from aiperf.families.language.trainer import PRECISIONS, LMData, LMPlan, LMTraining, check_lm_trial, compiled_lm
 from aiperf.training.compile_ahead import Prepared, StepShapes, compile_ahead, install
 from aiperf.training.step_timing import CompileShares
@@ -67,9 +68,11 @@ class LMRunnerSettings:
 
     precision: str  # the worker's trainer precision; see lm_precision
     jit_compile: bool | str  # "auto" | True | False, to Keras's compile
-    steps_per_epoch: int
+    steps_per_epoch: int | Literal["auto"]  # lm.steps_per_epoch; auto: sized by the ceiling (epoch_size.py)
     eval_windows: int
     compile_ahead: bool = False  # train.compile_ahead where the backend can (JAX: aiperf.training.compile_ahead)
+    epoch_device_s: float = 10.0  # lm.epoch_device_s: with auto, an epoch's seconds at the ceiling below
+    ceiling_flops_per_s: float | None = None  # the worker's measured ceiling (None: not measured)
 
 
 class LanguageSource(Protocol):
@@ -136,14 +139,31 @@ class LMTrialRunner:
         self._ahead: Prepared[Model] = Prepared()  # trials' models compiled ahead, by trial id
 
     def _plan(self, spec: TrialSpec, arch: TransformerSpec) -> LMPlan:
-        return check_lm_trial(
-            arch,
-            spec.hparams,
-            epochs=None,
-            steps_per_epoch=self.settings.steps_per_epoch,
-            eval_windows=self.settings.eval_windows,
-            precision=self.precision,
-            seed=spec.seed,
+        def plan(steps: int) -> LMPlan:
+            return check_lm_trial(
+                arch,
+                spec.hparams,
+                epochs=None,
+                steps_per_epoch=steps,
+                eval_windows=self.settings.eval_windows,
+                precision=self.precision,
+                seed=spec.seed,
+            )
+
+        if spec.steps_per_epoch is not None:  # a later attempt keeps the steps its epochs were trained with
+            return plan(spec.steps_per_epoch)
+        if self.settings.steps_per_epoch != "auto":
+            return plan(self.settings.steps_per_epoch)
+        checked = plan(1)  # the hyperparameters checked before they size anything
+        return plan(
+            auto_steps_per_epoch(
+                arch,
+                checked.batch_size,
+                checked.seq_len,
+                checked.schedule_epochs,
+                self.settings.ceiling_flops_per_s,
+                self.settings.epoch_device_s,
+            )
         )
 
     def prepare(self, spec: TrialSpec) -> bool:
@@ -218,7 +238,7 @@ class LMTrialRunner:
                 spec.hparams,
                 self.data,
                 weights=start,
-                steps_per_epoch=self.settings.steps_per_epoch,
+                steps_per_epoch=self._plan(spec, arch).steps_per_epoch,
                 eval_windows=self.settings.eval_windows,
                 precision=self.precision,
                 seed=spec.seed,

@@ -198,3 +198,21 @@ def test_precision_mapping_and_refused_trials(corpus):
         next(runner.run(trial(start_epoch=1)))
     with pytest.raises(AiperfError, match="batch_size"):
         next(runner.run(trial(hparams={**HPARAMS, "batch_size": 0})))
+
+
+def test_auto_steps_are_sized_by_the_ceiling_and_a_later_attempt_keeps_its_epochs_steps(corpus):
+    from aiperf.families.language.epoch_size import auto_steps_per_epoch
+
+    auto = LMRunnerSettings("float32", False, "auto", WINDOWS, epoch_device_s=0.004, ceiling_flops_per_s=5e9)
+    runner = LMTrialRunner(Source(corpus), auto)
+    sized = auto_steps_per_epoch(PARENT, BATCH, SEQ, HPARAMS["epochs"], 5e9, 0.004)
+    assert sized > STEPS
+    epochs = [item for item in runner.run(trial(hparams={**HPARAMS, "epochs": 1})) if item["type"] == "epoch"]
+    assert [e["steps"] for e in epochs] == [auto_steps_per_epoch(PARENT, BATCH, SEQ, 1, 5e9, 0.004)]
+    assert epochs[0]["train_tokens"] == epochs[0]["steps"] * BATCH * SEQ
+    # the master sends a re-queued attempt the steps its epochs had: another worker's ceiling does not change them
+    kept = [i for i in runner.run(trial(steps_per_epoch=3, hparams={**HPARAMS, "epochs": 1})) if i["type"] == "epoch"]
+    assert [e["steps"] for e in kept] == [3]
+    unmeasured = LMTrialRunner(Source(corpus), LMRunnerSettings("float32", False, "auto", WINDOWS))
+    with pytest.raises(AiperfError, match="measured none"):
+        list(unmeasured.run(trial()))
