@@ -64,6 +64,7 @@ class Plan:
     compile_ahead_why: str = ""
     workload: str = ""  # the built-in config chosen for this host when no --config was named (workload_choice)
     workload_why: str = ""
+    trial_sizing: str = ""  # how a trial's epochs are sized (the family's Family.trial_sizing)
 
     @property
     def concurrency(self) -> int:
@@ -90,6 +91,7 @@ class Plan:
             "compile_ahead_why": self.compile_ahead_why,
             "workload": self.workload,
             "workload_why": self.workload_why,
+            "trial_sizing": self.trial_sizing,
             "concurrency": self.concurrency,
         }
 
@@ -246,7 +248,8 @@ def make_plan(nodes: list[NodeInfo], cfg: Config, choice: WorkloadChoice | None 
     if cap is not None and len(slots) > cap:
         slots = _capped(slots, cap, nodes, auto_cpus=cfg.cluster.cpus_per_trial == "auto")
         extra.append(f"capped at {cap} concurrent trials (cluster.max_concurrent_trials)")
-    batch = family_for(cfg.family).default_batch(cfg, accelerators=has_gpu)
+    family = family_for(cfg.family)
+    batch = family.default_batch(cfg, accelerators=has_gpu)
     threads = max(1, int(min((s.cpus for s in slots), default=1)))
     ahead, ahead_why = compile_ahead_choice(cfg.train.compile_ahead, nodes, slots)
     mismatch = mismatch_note(choice, has_gpu)
@@ -279,6 +282,7 @@ def make_plan(nodes: list[NodeInfo], cfg: Config, choice: WorkloadChoice | None 
         compile_ahead_why=ahead_why,
         workload=choice.config if choice else "",
         workload_why=choice.why if choice else "",
+        trial_sizing=family.trial_sizing(cfg),
     )
 
 
@@ -304,6 +308,8 @@ def format_plan(plan: Plan) -> str:
     if plan.workload:
         lines.append(f"  workload: {plan.workload} ({plan.workload_why})")
     lines.extend(f"  note: {n}" for n in plan.notes)
+    if plan.trial_sizing:
+        lines.append(f"  trials: {plan.trial_sizing}")
     if plan.compile_ahead_why:
         lines.append(f"  compile ahead: {'on' if plan.compile_ahead else 'off'} ({plan.compile_ahead_why})")
     return "\n".join(lines)

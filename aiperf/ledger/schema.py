@@ -276,6 +276,7 @@ class PlanHeader(_Shape):
     compile_ahead_why: str | None = None  # the plan's reason for it
     workload: str | None = None  # the config chosen for the host where no --config was named (from 2026-12-08)
     workload_why: str | None = None  # why that one
+    trial_sizing: str | None = None  # how a trial's epochs were sized (from 2026-12-08)
 
 
 class RulesHeader(_Shape):

@@ -588,6 +588,8 @@ def _system(header: RunStartRecord, summary: RunSummary) -> str:
     if plan.compile_ahead is not None:  # recorded from 2026-12-07
         state = "on" if plan.compile_ahead else "off"
         plan_items.append(("compile ahead", f"{state} ({plan.compile_ahead_why})" if plan.compile_ahead_why else state))
+    if plan.trial_sizing:  # recorded from 2026-12-08
+        plan_items.append(("trials", plan.trial_sizing))
     if plan.workload:  # chosen for the host: no --config was named
         plan_items.append(("workload", f"{plan.workload} ({plan.workload_why})"))
     ds = header.dataset

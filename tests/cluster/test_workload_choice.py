@@ -89,3 +89,13 @@ def test_aiperf_plan_on_a_host_whose_nvidia_smi_lists_a_gpu(tmp_path):
     assert any(line.startswith("  workload: gpu (no --config and 1x NVIDIA H200 on this host") for line in lines)
     assert any("1 GPUs detected but Ray schedules 0" in line for line in lines)
     assert any("chosen for this host's GPUs, but no GPU trains a trial" in line for line in lines)
+
+
+def test_the_plan_says_how_trials_are_sized_and_the_gpu_workload_sizes_them_by_the_device():
+    gpu = make_plan([node("gpu", 16, 1)], load_config("gpu"))
+    assert gpu.trial_sizing == "epochs of 5 s at each worker's measured ceiling (lm.steps_per_epoch auto)"
+    assert f"  trials: {gpu.trial_sizing}" in format_plan(gpu).splitlines()
+    assert PlanHeader(**gpu.to_dict()).trial_sizing == gpu.trial_sizing
+    fixed = make_plan([node("box", 2)], load_config("llm"))
+    assert fixed.trial_sizing == "epochs of 50 steps (lm.steps_per_epoch)"
+    assert make_plan([node("box", 2)], load_config("smoke")).trial_sizing.startswith("epochs of one pass")

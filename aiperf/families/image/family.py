@@ -47,6 +47,10 @@ class ImageFamily:
         asked = cfg.train.batch_size
         return min(int(asked) if asked != "auto" else 256 if accelerators else 64, cfg.train.max_batch_size)
 
+    def trial_sizing(self, cfg: Config) -> str:
+        """An image trial's epochs pass over the training split once (``hpo.epochs`` of them)."""
+        return "epochs of one pass over the training images"
+
     def prepare(self, proposal: TrialProposal) -> Prepared[Graph, GraphCost]:
         graph = apply_hparams(proposal.graph, proposal.hparams)  # what the worker will build
         return Prepared(graph, count_flops_memo(graph), compile_key(graph))

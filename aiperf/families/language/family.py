@@ -62,6 +62,12 @@ class LanguageFamily:
         """``lm.batch_size`` sequences of ``lm.seq_len`` tokens, on any device."""
         return cfg.lm.batch_size
 
+    def trial_sizing(self, cfg: Config) -> str:
+        """``lm.steps_per_epoch``, or with ``auto`` the seconds of each worker's ceiling an epoch is sized to."""
+        if cfg.lm.steps_per_epoch == "auto":
+            return f"epochs of {cfg.lm.epoch_device_s:g} s at each worker's measured ceiling (lm.steps_per_epoch auto)"
+        return f"epochs of {cfg.lm.steps_per_epoch} steps (lm.steps_per_epoch)"
+
     def prepare(self, proposal: LMTrialProposal) -> Prepared[TransformerSpec, LMCost]:
         from nas.language.flops import transformer_flops
 
