@@ -80,6 +80,8 @@ WORKLOADS: dict[str, Workload] = {
         Workload("synthetic", "synthetic", ("synthetic",), 22_000, (20_000, 2_000), 0.0),
         Workload("llm", "llm", ("text",), 0, None, 0.5, family="language"),
         Workload("llm-official", "llm-official", ("token_shards",), 0, None, 0.6, family="language"),
+        # what `aiperf run` runs with no --config on a host with GPUs (aiperf/cluster/workload_choice.py)
+        Workload("gpu", "gpu", ("text",), 0, None, 0.5, family="language"),
     )
 }
 

@@ -218,9 +218,13 @@ def test_a_run_with_one_actor_per_node_survives_a_worker_process_killed_mid_tria
         victims: list[psutil.Process] = []
         while time.monotonic() < deadline and run.poll() is None:
             runs = [p for p in results.iterdir() if (p / "ledger.jsonl").exists()] if results.exists() else []
-            epochs = [r for r in read_raw_ledger(runs[0]) if r["type"] == "epoch"] if runs else []
+            records = read_raw_ledger(runs[0]) if runs else []
+            training = {r["worker"] for r in records if r["type"] == "trial_start"}
             victims = _agent_children(run)
-            if epochs and len(victims) == 2:  # early enough that the slot started again has time to train
+            # Both workers past their start-up (one killed before it is ready is a worker_failed, not a lost
+            # worker: on a loaded box the second can take a minute), early enough that the slot started
+            # again has time to train.
+            if len(training) == 2 and len(victims) == 2:
                 break
             time.sleep(0.5)
         assert len(victims) == 2, "the node agent does not run its two workers as processes of its own"
