@@ -156,7 +156,16 @@ def test_a_frozen_worker_is_recorded_and_its_trial_ends_unresponsive(tmp_path):
     proc = _start(tmp_path)
     family: list[psutil.Process] = []
     try:
-        run_dir, records = _wait_for(proc, tmp_path, lambda rs: sum(r["type"] == "epoch" for r in rs) >= 2)
+        # Both workers past their start-up (each has begun a trial): one frozen while still starting never
+        # registers, so it cannot be recorded unresponsive (a loaded box can start the second a minute late).
+        run_dir, records = _wait_for(
+            proc,
+            tmp_path,
+            lambda rs: (
+                sum(r["type"] == "epoch" for r in rs) >= 2
+                and len({r["worker"] for r in rs if r["type"] == "trial_start"}) == 2
+            ),
+        )
         start = records[0]
         family = _family(proc)
         workers = _worker_processes(family)
