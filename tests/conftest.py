@@ -8,53 +8,6 @@ from pathlib import Path
 import pytest
 from helpers import REPO, SMOKE_RUN_SETTINGS, aiperf_cmd, cli_env, made_once, simulated_run, two_trial_smoke_run
 
-# Seconds each of the slowest files took (summed call, setup and teardown of its tests), from
-# `pytest --durations=0` on the 2-vCPU box, 2026-12-08. pytest-xdist hands whole files to its two
-# workers in the order collected (--no-loadscope-reorder in pyproject.toml); the longest go first so
-# that no long file starts last while the other worker has nothing left (longest-processing-time
-# first). Its own default order, by test count, put the files of two or three long tests last.
-# Files not listed keep their order after these; a stale figure only costs balance, never a test.
-SLOWEST_FILES_S = {
-    "cluster/test_multinode.py": 287,
-    "engine/test_streaming_run.py": 278,
-    "cluster/test_real_slurm.py": 229,
-    "submission/test_package.py": 227,
-    "engine/test_output_safety.py": 137,
-    "cluster/test_control_plane.py": 133,
-    "cluster/test_node_agent.py": 103,
-    "nas/test_expand_pool.py": 88,
-    "families/language/test_lm_model.py": 88,
-    "test_llm_run.py": 88,
-    "test_os_errors.py": 87,
-    "families/image/test_trainer.py": 82,
-    "engine/test_repeat.py": 80,
-    "test_logging.py": 76,
-    "engine/test_audit.py": 74,
-    "test_cli_run.py": 73,
-    "families/image/test_compiled_reuse.py": 67,
-    "cluster/test_compile_ahead_run.py": 67,
-    "cluster/test_ray_local.py": 64,
-    "engine/test_master.py": 61,
-    "ledger/test_run_lock.py": 56,
-    "training/test_compile_ahead.py": 52,
-    "families/image/test_model_builder.py": 47,
-    "engine/test_bounded_weights.py": 40,
-}
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The slowest files first (``SLOWEST_FILES_S``), each file's tests in their own order."""
-    tests = Path(__file__).parent
-
-    def cost(item: pytest.Item) -> int:
-        try:
-            name = item.path.relative_to(tests).as_posix()
-        except ValueError:
-            return 0
-        return SLOWEST_FILES_S.get(name, 0)
-
-    items.sort(key=lambda item: -cost(item))  # stable: equal costs keep the collected order
-
 
 @pytest.fixture(scope="session")
 def smoke_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
